@@ -1,0 +1,87 @@
+// GPU family detection. With MUSE_DECODE_WITH_CUDA the CUDA runtime is asked;
+// a CPU-only build sees no device.
+#include "muse_decode/arch.h"
+
+#include <sstream>
+
+#ifdef MUSE_DECODE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace muse_decode {
+
+const char* gpu_family_name(GpuFamily family) {
+  switch (family) {
+    case GpuFamily::kNone: return "none";
+    case GpuFamily::kSm90: return "sm90";
+    case GpuFamily::kSm100: return "sm100";
+    case GpuFamily::kOther: return "other";
+  }
+  return "other";
+}
+
+bool built_with_cuda() {
+#ifdef MUSE_DECODE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool supported_family(GpuFamily family) {
+  return family == GpuFamily::kSm90 || family == GpuFamily::kSm100;
+}
+
+std::string unavailable(const std::string& kernel) {
+  return "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (" + kernel + ")";
+}
+
+#ifdef MUSE_DECODE_WITH_CUDA
+namespace {
+bool properties(int device, cudaDeviceProp* prop, std::string* why) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    if (why) *why = err == cudaSuccess ? "no CUDA device" : std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+    return false;
+  }
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  if (device >= count || cudaGetDeviceProperties(prop, device) != cudaSuccess) {
+    if (why) *why = "CUDA device " + std::to_string(device) + " is not visible";
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+GpuFamily gpu_family(int device) {
+  cudaDeviceProp prop;
+  if (!properties(device, &prop, nullptr)) return GpuFamily::kNone;
+  if (prop.major == 9 && prop.minor == 0) return GpuFamily::kSm90;
+  // sm_100a code runs on compute capability 10.0 (B200/GB200) and 10.3 (B300).
+  if (prop.major == 10 && (prop.minor == 0 || prop.minor == 3)) return GpuFamily::kSm100;
+  return GpuFamily::kOther;
+}
+
+std::string describe_device(int device) {
+  cudaDeviceProp prop;
+  std::string why;
+  if (!properties(device, &prop, &why)) return why;
+  std::ostringstream os;
+  os << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
+     << " SMs, " << (prop.l2CacheSize >> 20) << " MB L2)";
+  return os.str();
+}
+
+int sm_count(int device) {
+  cudaDeviceProp prop;
+  return properties(device, &prop, nullptr) ? prop.multiProcessorCount : 0;
+}
+#else
+GpuFamily gpu_family(int) { return GpuFamily::kNone; }
+std::string describe_device(int) { return "no CUDA device (this build has no CUDA kernels)"; }
+int sm_count(int) { return 0; }
+#endif
+
+}  // namespace muse_decode

@@ -1,0 +1,47 @@
+// Helpers of the GPU suite: device buffers, a skip when no supported GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "muse_decode/arch.h"
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
+
+#define SKIP_WITHOUT_GPU()                                                                   \
+  do {                                                                                       \
+    if (!muse_decode::supported_family(muse_decode::gpu_family()))                         \
+      GTEST_SKIP() << "needs an SM90 or SM100 GPU; this machine has: "                      \
+                   << muse_decode::describe_device();                                        \
+  } while (0)
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T) + 16) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& host) const {
+    cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return host;
+  }
+  void fill_bytes(int byte) const { cudaMemset(ptr_, byte, n_ * sizeof(T)); }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+inline bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
