@@ -4,7 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "muse_decode/reference.h"
+#include "muse_decode/reference/route.h"
 
 namespace muse_decode::reference {
 

@@ -162,3 +162,11 @@ void MuseRouting::operator()(const TensorRef& logits, const TensorRef& ids, cons
 }
 
 }  // namespace muse_decode
+
+#ifndef MUSE_DECODE_WITH_CUDA
+// A build without CUDA keeps the host API and answers the launch with
+// cudaErrorNotSupported.
+namespace muse_decode {
+int launch_route(const RouteParams&, Stream) { return 801; }
+}  // namespace muse_decode
+#endif
