@@ -1,0 +1,70 @@
+"""route benchmark: our kernel (with metadata) against the stock PyTorch
+composite, b = 1..8, in the same run. The bar (SPEC 9): <= 3 us per call with
+metadata for every b.
+
+route moves almost no bytes (b KB of logits), so its floor is latency: the
+byte floor is printed for completeness, and the time of an empty kernel
+(torch.cuda._sleep(0)) measured in the same run is the practical floor.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+import muse_decode as md  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from test_route_gpu import Router, torch_metadata  # noqa: E402
+
+CALLS = 256  # calls per graph, each on its own input set
+TILE, OFFSET, LOCAL = 128, 0, 32  # EP8 rank: 32 local experts
+
+
+def stock(x, bias, off, n, tile, buf):
+    """The unfused PyTorch path: routing, then the metadata from its ids."""
+    s = torch.sigmoid(x)
+    key = s + bias
+    ids = torch.topk(key, 8, dim=-1, sorted=True).indices.to(torch.int32)
+    top = s.gather(1, ids.long())
+    w = top / (top.sum(-1, keepdim=True) + 1e-15)
+    meta = torch_metadata(ids, off, n, tile, buf)
+    return ids, w, meta
+
+
+def main():
+    torch.manual_seed(0)
+    timer = harness.Timer()
+    bias = torch.randn(256, device="cuda") * 0.02
+    routing = md.MuseRouting(Router(bias))
+    size = md.metadata_size(TILE)
+    empty_us = timer.graph_us([lambda: torch.cuda._sleep(0)] * CALLS)
+    rows = []
+    for b in range(1, 9):
+        xs = torch.randn(CALLS, b, 256, device="cuda")
+        ids = torch.empty(CALLS, b, 8, dtype=torch.int32, device="cuda")
+        ws = torch.empty(CALLS, b, 8, device="cuda")
+        bufs = torch.zeros(CALLS, size, dtype=torch.int32, device="cuda")
+        metas = [md.RoutingMetadata(bufs[i], OFFSET, LOCAL, TILE) for i in range(CALLS)]
+        ours = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i])) for i in range(CALLS)])
+        n_stock = 32
+        theirs = timer.graph_us([(lambda i=i: stock(xs[i], bias, OFFSET, LOCAL, TILE, bufs[i])) for i in range(n_stock)])
+        host = timer.host_us(lambda: routing(xs[0], ids[0], ws[0], metas[0]))
+        nbytes = b * 256 * 4 + 256 * 4 + b * 8 * 8 + 4 * (200 + 8 * b * TILE)
+        rows.append(dict(op="route", b=b, tile_n=TILE, local_experts=LOCAL, us_per_call=round(ours, 3),
+                         floor_us=round(harness.floor_us(nbytes), 4), empty_kernel_us=round(empty_us, 3),
+                         bar_us=3.0, stock_torch_us=round(theirs, 2), speedup_vs_stock=round(theirs / ours, 1),
+                         host_us_per_call=round(host, 2), bytes=nbytes))
+        print(f"route b={b}: {ours:.2f} us (stock {theirs:.1f} us, empty kernel {empty_us:.2f} us, host {host:.2f} us)",
+              flush=True)
+    path = harness.write_results("route", rows)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+// The muse_decode extension module: one bind_<op>() per op, plus what all
+// ops share (dtype registration, the GPU-family query).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "muse_decode/arch.h"
+#include "tensor_args.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace muse_decode::python {
+void bind_route(nb::module_& m);
+}
+
+NB_MODULE(_C, m) {
+  using namespace muse_decode;
+  m.doc() = "muse-decode: fused CUDA kernels of the Muse Spark verify step";
+  m.def("_register_dtype", &python::register_dtype, "dtype"_a, "code"_a);
+  m.def("unavailable", &unavailable, "kernel"_a);
+  m.def("built_with_cuda", &built_with_cuda);
+  m.def(
+      "gpu_family", [](int device) { return std::string(gpu_family_name(gpu_family(device))); },
+      "device"_a = -1);
+  m.def("describe_device", &describe_device, "device"_a = -1);
+  python::bind_route(m);
+}

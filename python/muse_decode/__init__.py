@@ -1,0 +1,51 @@
+"""muse-decode: fused CUDA kernels of the Muse Spark speculative-decode verify step.
+
+Takes PyTorch tensors at run time, runs on torch's current CUDA stream,
+allocates nothing per call and is capturable under ``torch.cuda.graph``.
+Imports without a GPU and without PyTorch (the pure host functions work;
+the ops need CUDA tensors).
+"""
+
+from . import _C
+from ._C import unavailable
+from .constants import (
+    DIVISION_EPS,
+    HEAD_DIM,
+    HEADS_PER_KV_HEAD,
+    HIDDEN_SIZE,
+    NUM_EXPERTS,
+    ROUTER_OUTPUT_MULTIPLIER,
+    ROUTING_MAX_TOKENS,
+    TOP_K,
+)
+from .routing import (
+    MuseRouting,
+    RoutingMetadata,
+    fold_router_output_multiplier,
+    metadata_size,
+    unsupported_router,
+)
+from .platform import gpu_family, sm90, sm100_family, supported_gpu
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DIVISION_EPS",
+    "HEAD_DIM",
+    "HEADS_PER_KV_HEAD",
+    "HIDDEN_SIZE",
+    "NUM_EXPERTS",
+    "ROUTER_OUTPUT_MULTIPLIER",
+    "ROUTING_MAX_TOKENS",
+    "TOP_K",
+    "MuseRouting",
+    "RoutingMetadata",
+    "fold_router_output_multiplier",
+    "gpu_family",
+    "metadata_size",
+    "sm90",
+    "sm100_family",
+    "supported_gpu",
+    "unavailable",
+    "unsupported_router",
+]

@@ -1,0 +1,175 @@
+"""CPU tests of the Python package: names, sizing, the router check's every
+reason, and the routing call's argument checks (ValueError with exact text),
+with stand-in tensors: no GPU and no PyTorch needed."""
+
+import types
+
+import pytest
+from conftest import FakeTensor
+
+import muse_decode as md
+
+
+def router(**over):
+    r = types.SimpleNamespace(
+        router_score_normalization="sigmoid",
+        top_k=8,
+        global_num_experts=256,
+        router_output_multiplier=None,
+        router_score_division_eps=1e-15,
+        expert_bias=FakeTensor([256], ptr=0x10000),
+        route_scale=1.0,
+    )
+    for k, v in over.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_names():
+    for name in [
+        "MuseRouting",
+        "RoutingMetadata",
+        "metadata_size",
+        "unsupported_router",
+        "fold_router_output_multiplier",
+        "unavailable",
+        "sm100_family",
+        "gpu_family",
+        "supported_gpu",
+    ]:
+        assert hasattr(md, name), name
+
+
+def test_unavailable_and_family():
+    assert md.unavailable("route") == "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (route)"
+    assert md.gpu_family() in (None, "sm90", "sm100", "other")
+
+
+@pytest.mark.parametrize("tile", [8, 16, 32, 64, 128, 256])
+def test_metadata_size_and_fields(tile):
+    assert md.metadata_size(tile) == 200 + 64 * tile + 1
+    meta = md.RoutingMetadata(FakeTensor([md.metadata_size(tile)], "int32"), 96, 32, tile)
+    for t in range(1, 9):
+        f = meta.fields(t)
+        assert list(f) == [
+            "total_num_padded_tokens",
+            "num_non_exiting_ctas",
+            "expanded_idx_to_permuted_idx",
+            "cta_idx_xy_to_batch_idx",
+            "cta_idx_xy_to_mn_limit",
+            "permuted_idx_to_token_idx",
+        ]
+        assert f["total_num_padded_tokens"] == (0, 1)
+        assert f["num_non_exiting_ctas"] == (4, 5)
+        assert f["expanded_idx_to_permuted_idx"] == (8, 8 + 8 * t)
+        assert f["permuted_idx_to_token_idx"] == (200, 200 + 8 * t * tile + 1)
+    with pytest.raises(ValueError, match=r"^num_tokens must be in \[1, 8\], got 9$"):
+        meta.fields(9)
+
+
+def test_metadata_size_refuses_tile_12():
+    with pytest.raises(ValueError, match="^tile_n must be one of 8, 16, 32, 64, 128, 256, got 12$"):
+        md.metadata_size(12)
+
+
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        ({}, None),
+        (dict(router_score_normalization="softmax"), "softmax router scores (the kernel computes sigmoid scores)"),
+        (dict(top_k=6), "top-6 of 256 experts (the kernel routes top-8 of 256)"),
+        (dict(global_num_experts=384), "top-8 of 384 experts (the kernel routes top-8 of 256)"),
+        (
+            dict(router_output_multiplier=0.25),
+            "router output multiplier 0.25 still to apply (fold it into the router weight first)",
+        ),
+        (dict(router_score_division_eps=1e-6), "router_score_division_eps 1e-06 (the kernel divides by sum + 1e-15)"),
+        (dict(expert_bias=FakeTensor([256], "bfloat16")), "a bfloat16 expert bias (the kernel reads float32)"),
+        (dict(expert_bias=FakeTensor([256], stride=[2])), "a non-contiguous expert bias"),
+        (dict(expert_bias=FakeTensor([8, 32])), "an expert bias of shape [8, 32] (the kernel reads [256])"),
+        (
+            dict(expert_bias=FakeTensor([256], ptr=0x10008)),
+            "an expert bias not 16-byte aligned (the kernel reads 16 bytes at a time)",
+        ),
+        (dict(expert_bias=FakeTensor([256], device=-1)), "an expert bias in host memory"),
+    ],
+)
+def test_unsupported_router(over, reason):
+    assert md.unsupported_router(router(**over)) == reason
+    if reason is not None:
+        with pytest.raises(ValueError, match="^MuseRouting does not support "):
+            md.MuseRouting(router(**over))
+
+
+def routing_check(logits=None, ids=None, weights=None, meta=None):
+    r = md.MuseRouting(router())
+    logits = logits or FakeTensor([4, 256], ptr=0x20000)
+    ids = ids or FakeTensor([4, 8], "int32", ptr=0x30000)
+    weights = weights or FakeTensor([4, 8], ptr=0x40000)
+    if meta is None:
+        r._impl.check(logits, ids, weights)
+    else:
+        r._impl.check(logits, ids, weights, meta.buffer, meta.local_expert_offset, meta.num_local_experts, meta.tile_n)
+
+
+def good_meta(**over):
+    args = dict(buffer=FakeTensor([md.metadata_size(64)], "int32", ptr=0x50000), local_expert_offset=0,
+                num_local_experts=32, tile_n=64)
+    args.update(over)
+    return md.RoutingMetadata(**args)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(logits=FakeTensor([4, 256], "bfloat16", ptr=0x20000)), "logits must be float32, got bfloat16"),
+        (dict(logits=FakeTensor([9, 256], ptr=0x20000)), r"logits must be \[b, 256\] with 1 <= b <= 8, got \[9, 256\]"),
+        (dict(logits=FakeTensor([0, 256], ptr=0x20000)), r"logits must be \[b, 256\] with 1 <= b <= 8, got \[0, 256\]"),
+        (dict(logits=FakeTensor([256], ptr=0x20000)), r"logits must be \[b, 256\] with 1 <= b <= 8, got \[256\]"),
+        (
+            dict(logits=FakeTensor([4, 256], ptr=0x20000, stride=[257, 1])),
+            r"logits rows must be 16-byte aligned \(row stride a multiple of 4 elements, at least 256\), got row stride 257",
+        ),
+        (dict(logits=FakeTensor([4, 256], ptr=0x20004)), "logits must be 16-byte aligned, got address 0x20004"),
+        (dict(logits=FakeTensor([4, 256], ptr=0x20000, device=-1)), "logits must be on a CUDA device, got host memory"),
+        (dict(ids=FakeTensor([4, 8], "int64", ptr=0x30000)), "ids must be int32, got int64"),
+        (
+            dict(weights=FakeTensor([4, 16], ptr=0x40000)),
+            r"weights must be a contiguous \[4, 8\] tensor \(b = the logits' rows\), got \[4, 16\]",
+        ),
+        (dict(weights=FakeTensor([4, 8], ptr=0x30010)), "ids and weights must not overlap in memory"),
+        (dict(meta=good_meta(tile_n=12)), "metadata.tile_n must be one of 8, 16, 32, 64, 128, 256, got 12"),
+        (
+            dict(meta=good_meta(local_expert_offset=240, num_local_experts=32)),
+            r"metadata.num_local_experts must be in \[1, 16\] \(offset 240 \+ count within 256 experts\), got 32",
+        ),
+        (
+            dict(meta=good_meta(buffer=FakeTensor([64], "int32", ptr=0x50000))),
+            "metadata.buffer must be at least 4297 int32 elements for tile_n 64, got 64",
+        ),
+        (
+            dict(meta=good_meta(buffer=FakeTensor([5000], "int32", ptr=0x40000))),
+            "metadata.buffer and weights must not overlap in memory",
+        ),
+        (
+            dict(meta=good_meta(buffer=FakeTensor([5000], "float32", ptr=0x50000))),
+            "metadata.buffer must be int32, got float32",
+        ),
+    ],
+)
+def test_routing_call_refusals(kwargs, message):
+    with pytest.raises(ValueError, match="^" + message + "$"):
+        routing_check(**kwargs)
+
+
+def test_routing_call_accepts_good_arguments():
+    routing_check()
+    routing_check(meta=good_meta())
+    for b in range(1, 9):
+        routing_check(FakeTensor([b, 256], ptr=0x20000), FakeTensor([b, 8], "int32", ptr=0x30000),
+                      FakeTensor([b, 8], ptr=0x40000), good_meta())
+
+
+def test_not_a_tensor():
+    with pytest.raises(ValueError, match="^logits must be a tensor"):
+        routing_check(logits=object())
