@@ -49,7 +49,8 @@ def main():
         xs = torch.randn(CALLS, b, 256, device="cuda")
         ids = torch.empty(CALLS, b, 8, dtype=torch.int32, device="cuda")
         ws = torch.empty(CALLS, b, 8, device="cuda")
-        bufs = torch.zeros(CALLS, size, dtype=torch.int32, device="cuda")
+        row = (size + 3) // 4 * 4  # every buffer 16-byte aligned
+        bufs = torch.zeros(CALLS, row, dtype=torch.int32, device="cuda")[:, :size]
         metas = [md.RoutingMetadata(bufs[i], OFFSET, LOCAL, TILE) for i in range(CALLS)]
         ours = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i])) for i in range(CALLS)])
         n_stock = 32

@@ -2,7 +2,7 @@
 // a CPU-only build sees no device.
 #include "muse_decode/arch.h"
 
-#include <sstream>
+#include <string>
 
 #ifdef MUSE_DECODE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -68,10 +68,8 @@ std::string describe_device(int device) {
   cudaDeviceProp prop;
   std::string why;
   if (!properties(device, &prop, &why)) return why;
-  std::ostringstream os;
-  os << prop.name << " (sm_" << prop.major << prop.minor << ", " << prop.multiProcessorCount
-     << " SMs, " << (prop.l2CacheSize >> 20) << " MB L2)";
-  return os.str();
+  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+         std::to_string(prop.multiProcessorCount) + " SMs, " + std::to_string(prop.l2CacheSize >> 20) + " MB L2)";
 }
 
 int sm_count(int device) {

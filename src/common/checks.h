@@ -3,19 +3,53 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
+#include <ios>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "muse_decode/tensor.h"
 
 namespace muse_decode::detail {
 
+// Message text without iostreams: an extension module that carries its own
+// static libstdc++ next to PyTorch's shared one crashes in ostream's locale
+// facets (seen on the H200 image), so the host layer formats by hand.
+class Text {
+ public:
+  void put(const char* s) { out_ += s; }
+  void put(const std::string& s) { out_ += s; }
+  void put(char c) { out_ += c; }
+  void put(bool b) { out_ += b ? "true" : "false"; }
+  void put(double v) { format("%g", v); }
+  void put(float v) { format("%g", static_cast<double>(v)); }
+  template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+  void put(T v) {
+    if (hex_) format("%llx", static_cast<unsigned long long>(v));
+    else if (std::is_signed_v<T>) format("%lld", static_cast<long long>(v));
+    else format("%llu", static_cast<unsigned long long>(v));
+  }
+  // std::hex switches the integers that follow to hexadecimal; std::dec back.
+  void put(std::ios_base& (*manip)(std::ios_base&)) { hex_ = manip == &std::hex; }
+  std::string take() { return std::move(out_); }
+
+ private:
+  template <typename V>
+  void format(const char* fmt, V v) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, fmt, v);
+    out_ += buf;
+  }
+  std::string out_;
+  bool hex_ = false;
+};
+
 template <typename... Args>
 std::string cat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  Text t;
+  (t.put(args), ...);
+  return t.take();
 }
 
 [[noreturn]] inline void fail(const std::string& message) { throw std::invalid_argument(message); }

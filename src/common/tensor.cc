@@ -1,6 +1,6 @@
 #include "muse_decode/tensor.h"
 
-#include <sstream>
+#include <string>
 
 namespace muse_decode {
 
@@ -51,11 +51,9 @@ int64_t TensorRef::span_bytes() const {
 
 std::string TensorRef::shape_str() const {
   if (ndim < 0) return "absent";
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
+  std::string s = "[";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 TensorRef make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape, int device) {

@@ -1,0 +1,571 @@
+// attn2 kernel: the 64 query rows (8 tokens x 8 heads) of one (request, KV
+// head) against its paged keys, o-norm and sigmoid gate fused (SPEC section 5).
+// One source for sm_90a and sm_100a: mma.sync, ldmatrix, cp.async.bulk,
+// mbarriers and clusters exist on both.
+//
+// Work decomposition. A cluster of C CTAs (16 on the one-slice path, 8 when
+// split) owns one key slice of one (request, KV head); the CTAs of all slices
+// of that pair share its visible pages in contiguous runs of 8-page groups,
+// sized from the device-side length L. Each CTA keeps an online-softmax state
+// (m, l, unnormalised O) of all 64 rows; the cluster merges its C states
+// through distributed shared memory, CTA rank r merging rows [r*64/C, ...).
+// One slice: that CTA applies norm and gate and writes out. Several slices:
+// it writes its rows' partial to the workspace; the cluster that arrives last
+// on the (request, KV head) counter merges all slices in slice order
+// (deterministic whatever the arrival order), writes out, and resets the
+// counter for the next launch.
+//
+// Inside a CTA. Warp 4 is the producer: it reads page ids and copies whole
+// 4 KB (page, KV head) slots into shared memory with cp.async.bulk, one 8-page
+// group per stage, 3 stages, completing on mbarriers. Warps 0-3 each own 16
+// rows (two heads x 8 tokens) and run S = Q K^T and O += P V with mma.sync
+// m16n8k16 (bf16 in, fp32 accumulate), Q held in registers.
+//
+// Bank conflicts. A key row is 256 bytes, so the 8 rows an ldmatrix reads of
+// one page would fall on the same banks (8-way conflict). Instead one 8x8
+// matrix takes key t of each of the 8 pages of a group, and the 8 page slots
+// sit 4096 + 16 bytes apart: their rows start on 8 different 16-byte bank
+// groups. An mma's n (for S) or k (for P V) index is then the page within the
+// group; softmax does not care about key order, and the masks know each
+// column's key.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attn2_kernels.h"
+#include "muse_decode/attn2.h"
+
+namespace muse_decode {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kRows = kVerifyLen * kHeadsPerKvHead;        // 64 query rows per (request, KV head)
+constexpr int kConsumerWarps = 4;                          // 16 rows each
+constexpr int kThreads = (kConsumerWarps + 1) * 32;        // + the producer warp
+constexpr int kGroupPages = 8;                             // pages per stage: one per bank group
+constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
+constexpr int kStages = 3;
+constexpr int kKeyBytes = kCacheRowWidth * 2;              // 256: K | V of one key
+constexpr int kPageBytes = kPageSize * kKeyBytes;          // 4096: one (page, KV head) slot
+constexpr int kSlotBytes = kPageBytes + 16;                // staggered by one bank group
+constexpr int kStageBytes = kGroupPages * kSlotBytes;      // 32896
+constexpr int kSmemBytes = kStages * kStageBytes;          // 98688: two CTAs per SM
+constexpr int kMergeStride = kHeadDim + 4;                 // floats per merge row (16-byte aligned, fewer conflicts)
+// log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
+constexpr float kScaleLog2 = static_cast<float>(0.6841258107984375 * 1.4426950408889634);
+
+static_assert(kHeadDim == 64, "attn2 hard-wires head_dim 64: 4 k-steps of 16 for S, 8 n-tiles of 8 for O");
+static_assert(kHeadsPerKvHead == 8 && kVerifyLen == 8,
+              "attn2 hard-wires 8 heads x 8 tokens = 64 rows: 4 warps x m16");
+static_assert(kPageSize == 16, "a page is 16 keys: one n-tile pair of S per key position");
+static_assert(kRows * kMergeStride * 4 <= kSmemBytes, "the merge area reuses the stages");
+static_assert(kSlotBytes % 16 == 0 && kStageBytes % 128 == 0, "bulk copies need 16-byte alignment");
+static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+
+// ---- PTX wrappers ------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra WAIT_%=;\n\t}" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
+          smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+
+// Global -> shared bulk copy completing on `bar` (bytes a multiple of 16).
+// The KV cache is read once per step: evict it first from the L2.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                          uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "%4;" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a * b, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t load_u32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ void wait_for_producer() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for 4 columns of a row
+// whose 64 columns are spread over 16 consecutive lanes.
+__device__ __forceinline__ void finish_row(const float (&o)[4], const __nv_bfloat16* gate, __nv_bfloat16* out) {
+  float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+#pragma unroll
+  for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
+  const float rms = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
+  const uint2 g = *reinterpret_cast<const uint2*>(gate);
+  const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
+  const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
+  const float gv[4] = {g01.x, g01.y, g23.x, g23.y};
+  float y[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = o[k] * rms / (1.0f + __expf(-gv[k]));
+  uint2 v;
+  v.x = pack_bf16(y[0], y[1]);
+  v.y = pack_bf16(y[2], y[3]);
+  *reinterpret_cast<uint2*>(out) = v;
+}
+
+template <int kCluster>
+__global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
+  static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kConsumerWarps * 32,
+                "each CTA of the cluster merges 64 / C rows, 16 threads per row");
+  constexpr int kMergeRows = kRows / kCluster;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint64_t full_bar[kStages];
+  __shared__ uint64_t empty_bar[kStages];
+  __shared__ float s_m[kRows];
+  __shared__ float s_l[kRows];
+  __shared__ int s_bad;
+  __shared__ int s_last;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(blockIdx.x) % kCluster;
+  const int split = static_cast<int>(blockIdx.x) / kCluster;
+  const int kvh = blockIdx.y;
+  const int req = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full_bar[s], 1);
+      mbar_init(&empty_bar[s], kConsumerWarps);
+    }
+    s_bad = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  // Everything below reads what the previous kernel may have written (q,
+  // gate, the cache insert, lengths, block table).
+  wait_for_producer();
+
+  const int L = p.seq_lens[req];
+  const bool broken = L < kVerifyLen || L > p.max_model_len;
+  // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
+  const int lo = p.window > 0 ? max(0, L - (kVerifyLen - 1) - p.window) : 0;
+  const int first_page = lo / kPageSize;
+  const int last_page = (L - 1) / kPageSize;
+  const int num_groups = broken ? 0 : (last_page - first_page + kGroupPages) / kGroupPages;
+  const int ctas = p.num_splits * kCluster;
+  const int me = split * kCluster + rank;
+  const int g_begin = static_cast<int>(static_cast<int64_t>(num_groups) * me / ctas);
+  const int g_end = static_cast<int>(static_cast<int64_t>(num_groups) * (me + 1) / ctas);
+  const uint32_t smem_base = smem_addr(smem);
+
+  // Per-thread softmax state of rows lane/4 (head 2w) and lane/4 + 8 (head 2w + 1),
+  // both token i = lane / 4.
+  float o[8][4];
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  if (warp == kConsumerWarps) {
+    // ---- producer ------------------------------------------------------------------
+    const uint64_t policy = evict_first_policy();
+    const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
+    const char* kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
+    const int64_t page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
+    int ids = -1;
+    bool bad = false;
+    for (int g = g_begin; g < g_end; ++g) {
+      const int it = g - g_begin;
+      const int st = it % kStages;
+      if ((it & 3) == 0) {
+        // One warp load of the page ids of the next 4 groups: lane -> (group + lane / 8, slot lane % 8).
+        const int pi = first_page + (g + lane / 8) * kGroupPages + lane % 8;
+        ids = (g + lane / 8 < g_end && pi <= last_page) ? bt[pi] : -1;
+      }
+      const int id = __shfl_sync(0xFFFFFFFFu, ids, (it & 3) * 8 + (lane & 7));
+      const bool want = lane < kGroupPages && first_page + g * kGroupPages + lane <= last_page;
+      const bool ok = want && id >= 0 && id < p.num_pages;
+      bad |= want && !ok;
+      const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+      if (it >= kStages) mbar_wait(&empty_bar[st], ((it / kStages) - 1) & 1);
+      if (lane == 0) mbar_arrive_expect_tx(&full_bar[st], __popc(ok_mask) * kPageBytes);
+      __syncwarp();
+      if (ok)
+        bulk_copy(smem_base + st * kStageBytes + lane * kSlotBytes, kv + id * page_pitch, kPageBytes,
+                  &full_bar[st], policy);
+    }
+    if (bad) s_bad = 1;
+  } else {
+    // ---- consumers: warp w owns heads 2w, 2w + 1 -------------------------------------
+    // Q as m16k16 A fragments for the 4 k-steps: a0/a2 row lane/4 (head 2w),
+    // a1/a3 row lane/4 + 8 (head 2w + 1); a2/a3 are 8 columns further.
+    uint32_t qf[4][4];
+    {
+      const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q) +
+                                  static_cast<int64_t>(req * kVerifyLen + lane / 4) * p.q_stride +
+                                  (kvh * kHeadsPerKvHead + 2 * warp) * kHeadDim + (lane % 4) * 2;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        qf[ks][0] = load_u32(qrow + ks * 16);
+        qf[ks][1] = load_u32(qrow + kHeadDim + ks * 16);
+        qf[ks][2] = load_u32(qrow + ks * 16 + 8);
+        qf[ks][3] = load_u32(qrow + kHeadDim + ks * 16 + 8);
+      }
+    }
+    const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
+    const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
+    for (int g = g_begin; g < g_end; ++g) {
+      const int it = g - g_begin;
+      const int st = it % kStages;
+      mbar_wait(&full_bar[st], (it / kStages) & 1);
+      // ldmatrix row address of this lane: page slot lane % 8 of the stage.
+      const uint32_t slot = smem_base + st * kStageBytes + (lane % 8) * kSlotBytes;
+      const int key0 = (first_page + g * kGroupPages) * kPageSize;
+      // Uniform per group: only groups holding keys past row 0's position or
+      // below row 7's window need masks (and, past L, zeroed V).
+      const bool masked = key0 + kGroupKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+
+      // S = Q K^T: n-tile t is key t of the 8 pages; column n = page slot.
+      float s[16][4];
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        uint32_t b[2][4];
+        ldmatrix_x4(b[0], slot + t * kKeyBytes + (lane / 8) * 16);        // dims 0..31
+        ldmatrix_x4(b[1], slot + t * kKeyBytes + (4 + lane / 8) * 16);    // dims 32..63
+        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+        mma_bf16(s[t], qf[0], b[0][0], b[0][1]);
+        mma_bf16(s[t], qf[1], b[0][2], b[0][3]);
+        mma_bf16(s[t], qf[2], b[1][0], b[1][1]);
+        mma_bf16(s[t], qf[3], b[1][2], b[1][3]);
+      }
+#pragma unroll
+      for (int t = 0; t < 16; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] *= kScaleLog2;
+      if (masked) {
+#pragma unroll
+        for (int t = 0; t < 16; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = key0 + (slot_lo + (e & 1)) * kPageSize + t;
+            const bool visible = j <= pos && (p.window == 0 || j > pos - p.window);
+            s[t][e] = visible ? s[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
+          }
+      }
+      // Online softmax, rows r = 0 (c0, c1) and r = 1 (c2, c3).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+      }
+      float mu[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        mu[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+        const float alpha = fast_exp2(m_run[r] - mu[r]);
+        m_run[r] = m_new;
+        l_run[r] *= alpha;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[n][2 * r] *= alpha;
+          o[n][2 * r + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        s[t][0] = fast_exp2(s[t][0] - mu[0]);
+        s[t][1] = fast_exp2(s[t][1] - mu[0]);
+        s[t][2] = fast_exp2(s[t][2] - mu[1]);
+        s[t][3] = fast_exp2(s[t][3] - mu[1]);
+        l_run[0] += s[t][0] + s[t][1];
+        l_run[1] += s[t][2] + s[t][3];
+      }
+      // O += P V: k-step kk covers keys 2kk (k 0..7 = slots) and 2kk + 1 (k 8..15).
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        // Matrices: (key 2kk, dims 8c..), (key 2kk + 1, dims 8c..), then dims 8c + 8.
+        const uint32_t vrow = slot + (2 * kk + (lane / 8) % 2) * kKeyBytes + kHeadDim * 2 + (lane / 16) * 16;
+#pragma unroll
+        for (int cp = 0; cp < 4; ++cp) {
+          uint32_t v[4];
+          ldmatrix_x4_trans(v, vrow + cp * 32);
+          if (masked) {
+            // Keys past L may hold anything (NaN): P is 0 there, but 0 * NaN is not.
+            // This lane holds slots slot_lo (low half) and slot_lo + 1 (high half).
+            const int j_lo = key0 + slot_lo * kPageSize + 2 * kk;
+            const uint32_t keep0 = (j_lo < L ? 0x0000FFFFu : 0u) | (j_lo + kPageSize < L ? 0xFFFF0000u : 0u);
+            const uint32_t keep1 =
+                (j_lo + 1 < L ? 0x0000FFFFu : 0u) | (j_lo + 1 + kPageSize < L ? 0xFFFF0000u : 0u);
+            v[0] &= keep0;
+            v[2] &= keep0;
+            v[1] &= keep1;
+            v[3] &= keep1;
+          }
+          mma_bf16(o[2 * cp], a, v[0], v[1]);
+          mma_bf16(o[2 * cp + 1], a, v[2], v[3]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty_bar[st]);
+    }
+    // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 2);
+    }
+  }
+  __syncthreads();  // every stage consumed, s_bad set
+  allow_dependents();
+
+  // ---- this CTA's state to shared memory (over the stages) -------------------------
+  float* merge_o = reinterpret_cast<float*>(smem);
+  if (warp < kConsumerWarps) {
+    const bool nan_rows = broken || s_bad != 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + r * 8 + lane / 4;  // = head * 8 + token
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
+            make_float2(o[n][2 * r], o[n][2 * r + 1]);
+      if (lane % 4 == 0) {
+        s_m[row] = m_run[r];
+        s_l[row] = nan_rows ? NAN : l_run[r];
+      }
+    }
+  }
+  cluster.sync();
+
+  // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
+  const bool merger = threadIdx.x < kMergeRows * 16;
+  const int row = rank * kMergeRows + threadIdx.x / 16;
+  const int d = (threadIdx.x % 16) * 4;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float m_all = -INFINITY, l_all = 0.0f;
+  if (merger) {
+    float mk[kCluster];
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      mk[k] = cluster.map_shared_rank(s_m, k)[row];
+      m_all = fmaxf(m_all, mk[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      const float w = mk[k] == -INFINITY ? 0.0f : fast_exp2(mk[k] - m_all);
+      l_all += w * cluster.map_shared_rank(s_l, k)[row];
+      const float4 ov = *reinterpret_cast<const float4*>(cluster.map_shared_rank(merge_o, k) + row * kMergeStride + d);
+      acc[0] += w * ov.x;
+      acc[1] += w * ov.y;
+      acc[2] += w * ov.z;
+      acc[3] += w * ov.w;
+    }
+  }
+  const int token = row % kVerifyLen, head = kvh * kHeadsPerKvHead + row / kVerifyLen;
+  const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
+  const __nv_bfloat16* gate_ptr = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + head * kHeadDim + d;
+  __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
+
+  if (p.num_splits == 1) {
+    cluster.sync();  // no CTA leaves while others read its shared memory
+    if (merger) {
+      const float inv = 1.0f / l_all;
+      const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
+      finish_row(ov, gate_ptr, out_ptr);
+    }
+    return;
+  }
+
+  // ---- split path: partial to the workspace, the last cluster merges ---------------
+  const int pair = req * p.num_kv_heads + kvh;
+  int* counters = static_cast<int*>(p.workspace);
+  float2* ws_ml = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) +
+                                            detail::attn2_counter_bytes(static_cast<int64_t>(p.num_reqs) * p.num_kv_heads));
+  float* ws_o = reinterpret_cast<float*>(ws_ml + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * kRows);
+  const int64_t slice0 = static_cast<int64_t>(pair) * p.num_splits * kRows;  // (pair, slice 0, row 0)
+  if (merger) {
+    const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
+    if (d == 0) __stcg(&ws_ml[at], make_float2(m_all, l_all));
+    __stcg(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
+  }
+  __threadfence();
+  cluster.sync();  // the cluster's partial is written (and no one reads shared memory any more)
+  if (rank == 0 && threadIdx.x == 0) {
+    const int before = atomicAdd(&counters[pair], 1);
+    const int last = before == p.num_splits - 1;
+    if (last) atomicExch(&counters[pair], 0);  // ready for the next launch
+    __threadfence();
+#pragma unroll 1
+    for (int k = 0; k < kCluster; ++k) *cluster.map_shared_rank(&s_last, k) = last;
+  }
+  cluster.sync();
+  if (!s_last || !merger) return;
+  __threadfence();
+  // Merge every slice of this row in slice order.
+  float m_max = -INFINITY;
+#pragma unroll 4
+  for (int z = 0; z < p.num_splits; ++z) m_max = fmaxf(m_max, __ldcg(&ws_ml[slice0 + z * kRows + row]).x);
+  float l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int z = 0; z < p.num_splits; ++z) {
+    const int64_t at = slice0 + z * kRows + row;
+    const float2 ml = __ldcg(&ws_ml[at]);
+    const float4 ov = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
+    const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - m_max);
+    l_sum += w * ml.y;
+    f[0] += w * ov.x;
+    f[1] += w * ov.y;
+    f[2] += w * ov.z;
+    f[3] += w * ov.w;
+  }
+  const float inv = 1.0f / l_sum;
+  const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
+  finish_row(ov, gate_ptr, out_ptr);
+}
+
+template <int kCluster>
+cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = p.pdl ? 2 : 1;
+  return cudaLaunchKernelEx(&config, attn2_kernel<kCluster>, p);
+}
+
+template <int kCluster>
+cudaError_t set_attributes() {
+  cudaError_t err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err == cudaSuccess && kCluster > 8)
+    err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  return err;
+}
+
+template <int kCluster>
+int max_active_clusters() {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kCluster, 1, 1);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster>, &config) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+namespace detail {
+int attn2_set_kernel_attributes(int* short_cluster_size) {
+  cudaError_t err = set_attributes<8>();
+  if (err == cudaSuccess) err = set_attributes<16>();
+  if (err != cudaSuccess) return static_cast<int>(err);
+  // Clusters of 16 are non-portable: take them only where the GPU can place one.
+  *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
+  return 0;
+}
+}  // namespace detail
+
+int launch_attn2(const Attn2Params& p, Stream stream) {
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  switch (p.cluster_size) {
+    case 8: return static_cast<int>(launch<8>(p, s));
+    case 16: return static_cast<int>(launch<16>(p, s));
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace muse_decode

@@ -1,0 +1,268 @@
+// attn2 host layer: sizing, the layer check and the per-call argument checks
+// that guard the launch.
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+
+#include "../common/checks.h"
+#include "attn2_kernels.h"
+#include "muse_decode/arch.h"
+#include "muse_decode/attn2.h"
+
+#ifdef MUSE_DECODE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace muse_decode {
+
+using detail::cat;
+using detail::fail;
+using detail::fail_expected;
+
+namespace {
+constexpr int kRowsPerPair = kVerifyLen * kHeadsPerKvHead;  // 64
+constexpr int kMaxGridYZ = 65535;
+
+// Split-path heuristic. 2 CTAs fit per SM (98.7 KB of shared memory and 200
+// registers x 160 threads each), so an H200 (132 SMs) holds 264 at once;
+// B200 (148 SMs) 296. A slice is a cluster of 8 CTAs. With one request:
+//   TP8, KVH 2:  264 / (8 * 2)  = 16 slices -> 256 CTAs (97% of one wave)
+//   TP4, KVH 4:  264 / (8 * 4)  =  8 slices -> 256 CTAs
+//   TP1, KVH 16: 264 / (8 * 16) =  2 slices -> 256 CTAs (8 requests: 2048 CTAs, 7.8 waves)
+//   KVH 1:       33 -> capped at 32 (the last cluster merges 32 partials of 8 rows: 8.4 KB per CTA)
+// and never more slices than the longest request fills with one 8-page group
+// (128 keys) per CTA: max_model_len 4096 -> 32 groups -> 4 slices.
+constexpr int kTargetCtas = 264;
+constexpr int kSplitCluster = 8;
+constexpr int kGroupKeys = 8 * kPageSize;
+}  // namespace
+
+int attn2_window(std::optional<int> sliding_window, int max_model_len) {
+  if (!sliding_window) return 0;
+  if (*sliding_window < 1) fail_expected("sliding_window", "at least 1 (or none)", *sliding_window);
+  if (*sliding_window >= max_model_len) return 0;
+  return *sliding_window;
+}
+
+int attn2_splits(int max_model_len, int window, int num_kv_heads) {
+  if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
+  if (window != 0 || max_model_len <= kAttn2ShortMaxLen) return 1;
+  const int fill = kTargetCtas / (kSplitCluster * num_kv_heads);
+  const int64_t groups = (static_cast<int64_t>(max_model_len) + kGroupKeys - 1) / kGroupKeys;
+  const int64_t useful = (groups + kSplitCluster - 1) / kSplitCluster;
+  int64_t s = fill < useful ? fill : useful;
+  if (s > kAttn2MaxSplits) s = kAttn2MaxSplits;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
+
+int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits) {
+  if (num_reqs < 1) fail_expected("num_reqs", "at least 1", num_reqs);
+  if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
+  if (num_splits < 1 || num_splits > kAttn2MaxSplits)
+    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), num_splits);
+  if (num_splits == 1) return 0;
+  const int64_t pairs = static_cast<int64_t>(num_reqs) * num_kv_heads;
+  return detail::attn2_counter_bytes(pairs) + detail::attn2_partial_bytes(pairs * num_splits * kRowsPerPair);
+}
+
+std::optional<std::string> unsupported_attn2(const Attn2Layer& layer) {
+  if (!(layer.use_o_norm && layer.use_o_gate)) return std::string("the layer has no o-norm with a sigmoid o-gate");
+  if (layer.head_dim != kHeadDim) return cat("head_dim ", layer.head_dim, " (the kernel has ", kHeadDim, ")");
+  if (layer.num_kv_heads < 1 || layer.num_heads != kHeadsPerKvHead * layer.num_kv_heads)
+    return cat(layer.num_heads, " query heads for ", layer.num_kv_heads, " KV heads (the kernel has ",
+               kHeadsPerKvHead, " per KV head)");
+  if (static_cast<float>(layer.scaling) != kSoftmaxScale)
+    return cat("softmax scale ", layer.scaling, " (the kernel is built for 0.6841258107984375)");
+  if (static_cast<float>(layer.rms_norm_eps) != kRmsNormEps)
+    return cat("o-norm eps ", layer.rms_norm_eps, " (the kernel is built for 1e-05)");
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// Per-call checks.
+namespace {
+
+void require_rows(const TensorRef& t, const std::string& name, int64_t rows, int64_t width) {
+  using namespace detail;
+  require_present(t, name);
+  require_dtype(t, name, DType::kBFloat16);
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != width)
+    fail_expected(name, cat("[", rows, ", ", width, "] (R * 8 rows, 8 * KVH heads of 64)"), t.shape_str());
+  if (t.stride[1] != 1) fail_expected(name, "unit column stride", cat("stride ", t.stride[1]));
+  if (t.stride[0] < width || t.stride[0] % 8 != 0)
+    fail_expected(cat(name, " row stride"), cat("a multiple of 8 elements (16 bytes), at least ", width),
+                  t.stride[0]);
+  require_aligned(t.data, name, 16);
+}
+
+}  // namespace
+
+Attn2Params check_attn2(const Attn2Args& a) {
+  using namespace detail;
+  // Deployment scalars first: they size everything else.
+  if (a.max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), a.max_model_len);
+  if (a.window < 0 || (a.window != 0 && a.window >= a.max_model_len))
+    fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", a.window);
+  if (a.num_splits < 1 || a.num_splits > kAttn2MaxSplits)
+    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), a.num_splits);
+
+  // The cache fixes the KV heads and the device.
+  const TensorRef& kv = a.kv_cache;
+  require_present(kv, "kv_cache");
+  require_dtype(kv, "kv_cache", DType::kBFloat16);
+  require_cuda(kv, "kv_cache");
+  if (kv.ndim != 4 || kv.shape[0] < 1 || kv.shape[1] < 1 || kv.shape[1] > kMaxGridYZ ||
+      kv.shape[2] != kPageSize || kv.shape[3] != kCacheRowWidth)
+    fail_expected("kv_cache", cat("[pages, KVH, ", kPageSize, ", ", kCacheRowWidth, "]"), kv.shape_str());
+  if (!kv.contiguous()) fail_expected("kv_cache", "contiguous", "a strided tensor");
+  require_aligned(kv.data, "kv_cache", 16);
+  if (kv.shape[0] > INT32_MAX) fail_expected("kv_cache pages", "at most 2^31 - 1", kv.shape[0]);
+  const int device = kv.device;
+  const int kvh = static_cast<int>(kv.shape[1]);
+  const int64_t width = static_cast<int64_t>(kvh) * kHeadsPerKvHead * kHeadDim;
+
+  // Lengths fix the requests.
+  const TensorRef& sl = a.seq_lens;
+  require_present(sl, "seq_lens");
+  require_dtype(sl, "seq_lens", DType::kInt32);
+  require_cuda(sl, "seq_lens");
+  require_same_device(sl, "seq_lens", device);
+  if (sl.ndim != 1 || sl.shape[0] < 1 || sl.shape[0] > kMaxGridYZ)
+    fail_expected("seq_lens", cat("[R] with 1 <= R <= ", kMaxGridYZ), sl.shape_str());
+  if (!sl.contiguous()) fail_expected("seq_lens", "contiguous", cat("stride ", sl.stride[0]));
+  require_aligned(sl.data, "seq_lens", 4);
+  const int reqs = static_cast<int>(sl.shape[0]);
+  const int64_t rows = static_cast<int64_t>(reqs) * kVerifyLen;
+
+  const TensorRef& bt = a.block_table;
+  require_present(bt, "block_table");
+  require_dtype(bt, "block_table", DType::kInt32);
+  require_cuda(bt, "block_table");
+  require_same_device(bt, "block_table", device);
+  const int64_t need_pages = (static_cast<int64_t>(a.max_model_len) + kPageSize - 1) / kPageSize;
+  if (bt.ndim != 2 || bt.shape[0] != reqs || bt.shape[1] < need_pages)
+    fail_expected("block_table", cat("[", reqs, ", >= ", need_pages, "] (R, ceil(max_model_len / 16))"),
+                  bt.shape_str());
+  if (bt.stride[1] != 1) fail_expected("block_table", "unit column stride", cat("stride ", bt.stride[1]));
+  if (reqs > 1 && bt.stride[0] < bt.shape[1])
+    fail_expected("block_table row stride", cat("at least ", bt.shape[1]), bt.stride[0]);
+  require_aligned(bt.data, "block_table", 4);
+
+  const std::pair<const TensorRef*, const char*> views[] = {{&a.q, "q"}, {&a.gate, "gate"}, {&a.out, "out"}};
+  for (const auto& [t, name] : views) {
+    require_rows(*t, name, rows, width);
+    require_cuda(*t, name);
+    require_same_device(*t, name, device);
+  }
+
+  const int64_t ws_need = attn2_workspace_bytes(reqs, kvh, a.num_splits);
+  const TensorRef& ws = a.workspace;
+  const bool ws_present = ws.present() && ws.data != nullptr;
+  if (ws_need > 0 || ws_present) {
+    require_present(ws, "workspace");
+    require_cuda(ws, "workspace");
+    require_same_device(ws, "workspace", device);
+    if (!ws.contiguous()) fail_expected("workspace", "contiguous", "a strided tensor");
+    const int64_t have = ws.numel() * dtype_size(ws.dtype);
+    if (have < ws_need)
+      fail_expected("workspace",
+                    cat("at least ", ws_need, " bytes (attn2_workspace_bytes(", reqs, ", ", kvh, ", ",
+                        a.num_splits, "))"),
+                    cat(have, " bytes"));
+    require_aligned(ws.data, "workspace", 16);
+  }
+
+  // out is written: it must not alias anything the kernel reads.
+  const std::pair<const TensorRef*, const char*> inputs[] = {
+      {&a.q, "q"}, {&a.gate, "gate"}, {&a.kv_cache, "kv_cache"}, {&a.block_table, "block_table"},
+      {&a.seq_lens, "seq_lens"}};
+  for (const auto& [t, name] : inputs) require_disjoint(a.out, "out", *t, name);
+  if (ws_need > 0) {
+    require_disjoint(a.out, "out", ws, "workspace");
+    for (const auto& [t, name] : inputs) require_disjoint(ws, "workspace", *t, name);
+  }
+
+  Attn2Params p;
+  p.q = a.q.data;
+  p.q_stride = a.q.stride[0];
+  p.gate = a.gate.data;
+  p.gate_stride = a.gate.stride[0];
+  p.kv_cache = kv.data;
+  p.num_pages = static_cast<int>(kv.shape[0]);
+  p.block_table = static_cast<const int32_t*>(bt.data);
+  p.block_table_stride = bt.stride[0];
+  p.seq_lens = static_cast<const int32_t*>(sl.data);
+  p.out = a.out.data;
+  p.out_stride = a.out.stride[0];
+  p.workspace = ws_need > 0 ? ws.data : nullptr;
+  p.num_reqs = reqs;
+  p.num_kv_heads = kvh;
+  p.max_model_len = a.max_model_len;
+  p.window = a.window;
+  p.num_splits = a.num_splits;
+  p.cluster_size = a.num_splits == 1 ? 16 : kSplitCluster;
+  p.pdl = a.pdl;
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// Prepared devices: the cluster size of the one-slice path per device (0: not prepared).
+namespace {
+constexpr int kMaxDevices = 64;
+std::mutex g_prepare_mutex;
+std::atomic<int> g_short_cluster[kMaxDevices];  // zero-initialised (static storage)
+
+int resolve_device(int device) {
+#ifdef MUSE_DECODE_WITH_CUDA
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+#else
+  if (device < 0) device = 0;
+#endif
+  return device;
+}
+}  // namespace
+
+void prepare_attn2(int device) {
+  device = resolve_device(device);
+  if (!supported_family(gpu_family(device))) fail(cat("attn2 cannot run on this machine: ", unavailable("attn2"),
+                                                      "; found ", describe_device(device)));
+  if (device >= kMaxDevices) fail_expected("device", cat("below ", kMaxDevices), device);
+  std::lock_guard<std::mutex> lock(g_prepare_mutex);
+  if (g_short_cluster[device].load() != 0) return;
+#ifdef MUSE_DECODE_WITH_CUDA
+  int previous = 0;
+  cudaGetDevice(&previous);
+  if (previous != device) cudaSetDevice(device);
+#endif
+  int cluster = 0;
+  const int err = detail::attn2_set_kernel_attributes(&cluster);
+#ifdef MUSE_DECODE_WITH_CUDA
+  if (previous != device) cudaSetDevice(previous);
+#endif
+  if (err != 0) throw std::runtime_error(cat("prepare_attn2: setting the kernel attributes failed (CUDA error ", err, ")"));
+  g_short_cluster[device].store(cluster);
+}
+
+void attn2(const Attn2Args& args, Stream stream) {
+  Attn2Params p = check_attn2(args);
+  const int device = args.kv_cache.device;
+  const int cluster = device < kMaxDevices ? g_short_cluster[device].load(std::memory_order_relaxed) : 0;
+  if (cluster == 0) fail(cat("attn2 on cuda:", device, " needs prepare_attn2(", device, ") first"));
+  if (p.num_splits == 1) p.cluster_size = cluster;
+  if (int err = launch_attn2(p, stream))
+    throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
+}
+
+}  // namespace muse_decode
+
+#ifndef MUSE_DECODE_WITH_CUDA
+// A build without CUDA keeps the host API and answers the launches with
+// cudaErrorNotSupported.
+namespace muse_decode {
+int launch_attn2(const Attn2Params&, Stream) { return 801; }
+namespace detail {
+int attn2_set_kernel_attributes(int*) { return 801; }
+}  // namespace detail
+}  // namespace muse_decode
+#endif

@@ -1,0 +1,21 @@
+// attn2 internals shared by the host layer (attn2_host.cc) and the kernels
+// (attn2.cu): the workspace layout and the one-time kernel setup.
+#pragma once
+
+#include <cstdint>
+
+namespace muse_decode::detail {
+
+// Workspace of the split path: int32 arrival counters [R * KVH], padded to 256
+// bytes; then float2 (m, l) [R, KVH, splits, 64 rows]; then float O
+// [R, KVH, splits, 64 rows, 64] (unnormalised, relative to m).
+constexpr int64_t attn2_counter_bytes(int64_t pairs) { return (pairs * 4 + 255) / 256 * 256; }
+constexpr int64_t attn2_partial_bytes(int64_t partial_rows) { return partial_rows * (2 + 64) * 4; }
+
+// Sets the kernels' attributes on the current device (dynamic shared memory,
+// non-portable clusters of 16) and returns in *short_cluster_size the cluster
+// size of the one-slice path: 16 where the GPU can place such a cluster, else
+// 8. Returns the CUDA error as int (801, not supported, in a build without CUDA).
+int attn2_set_kernel_attributes(int* short_cluster_size);
+
+}  // namespace muse_decode::detail

@@ -1,0 +1,426 @@
+// qkv_front kernel: y = x W^T for 1..16 tokens, q/k RMS norm, interleaved
+// RoPE and the paged KV-cache insert in one launch (SPEC section 6). One
+// source serves sm_90a and sm_100a (TMA, mbarrier, mma.sync, PDL).
+//
+// The cost is reading the weight once (TP8: 37.7 MB, 9.0 us at 4.2 TB/s);
+// the math is 0.6 GFLOP at T = 16, so everything is arranged around the
+// stream of weight bytes:
+// - A persistent stream-K grid of one CTA per SM: the weight is cut into
+//   8 KB blocks (64 rows = one head, x 64 columns, one TMA box) numbered
+//   head-major, and CTA c reads blocks [c*B/G, (c+1)*B/G): the busiest SM reads
+//   one block more than the least busy one, so there is no wave tail.
+// - One producer thread keeps kStages = 10 blocks (80 KB of weight) in flight
+//   per CTA through cp.async.bulk.tensor + mbarrier; 4 consumer warps run
+//   mma.sync m16n8k16 with W as A (16 rows per warp) and x^T as B (tokens
+//   padded to 8 or 16 by the TMA's zero fill).
+// - Programmatic dependent launch: the weight does not depend on the previous
+//   kernel, so the producer issues the first 10 blocks before
+//   griddepcontrol.wait; x, positions, slots and every write come after it.
+//   The CTA uses 105 KB of shared memory, so the next kernel's CTA fits beside
+//   it and can start its own weight stream while this one finishes.
+// - A head cut between CTAs is summed in CTA (= K) order by the last CTA to
+//   arrive (partials in the workspace, an integer arrival counter): the bits
+//   do not depend on arrival order. That CTA then applies the epilogue: the
+//   64 rows of a tile are exactly one head, so the norm and RoPE are local.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "muse_decode/qkv_front.h"
+
+namespace muse_decode {
+namespace {
+
+constexpr int kConsumerWarps = 4;
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kThreads = kConsumerThreads + 32;  // + one producer warp
+constexpr int kStages = 10;
+constexpr int kWBytes = kFrontTileRows * kFrontBlockK * 2;  // 8 KB: one TMA box of the weight
+constexpr int kXRowsMax = kFrontMaxTokens;                  // x box: 8 or 16 token rows
+constexpr int kXBytes = kXRowsMax * kFrontBlockK * 2;       // 2 KB reserved per stage
+constexpr int kStageBytes = kWBytes + kXBytes;
+constexpr int kYStride = kFrontTileRows + 4;  // floats per token row of the epilogue tile (no bank conflicts)
+constexpr int kYBytes = kFrontMaxTokens * kYStride * 4;
+constexpr int kBarrierOffset = kStages * kStageBytes + kYBytes;
+constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + 2 * kStages * 8 + 16;
+
+static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
+static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kStageBytes % 1024 == 0 && kWBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+static_assert(kHiddenSize % kFrontBlockK == 0, "K splits into whole blocks");
+static_assert(kFrontPartialBytes == kConsumerThreads * 2 * 16, "one float4 per thread and n-tile");
+static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM: the next launch starts beside this one");
+static_assert(kHeadDim == 64 && kFrontTileRows == kHeadDim, "the epilogue maps lane l to the pair (2l, 2l+1)");
+
+// ---------------------------------------------------------------------------
+// PTX wrappers.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+// D += A (16x16, row) * B (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The 128 consumer threads only (the producer warp never joins).
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+__device__ __forceinline__ void wait_for_producer_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows
+// written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// CTA owning block `blk` of `blocks` split over `ctas`: the largest c with
+// floor(c * blocks / ctas) <= blk.
+__device__ __forceinline__ int owner_of(int64_t blk, int64_t blocks, int ctas) {
+  return static_cast<int>(((blk + 1) * ctas + blocks - 1) / blocks) - 1;
+}
+
+// ---------------------------------------------------------------------------
+// NT: n-tiles of 8 tokens (1 for T <= 8, 2 for T <= 16).
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2)
+    qkv_front_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                     const QkvFrontParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  float* ybuf = reinterpret_cast<float*>(smem + kStages * kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint64_t* empty = full + kStages;
+  int* s_last = reinterpret_cast<int*>(empty + kStages);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kvh = p.num_kv_heads;
+  const int tiles = 2 * (kHeadsPerKvHead + 1) * kvh;
+  const int64_t blocks = int64_t{tiles} * kFrontBlocksPerTile;
+  const int ctas = gridDim.x, cta = blockIdx.x;
+  const int64_t b_begin = cta * blocks / ctas, b_end = (cta + 1) * blocks / ctas;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&empty[s]), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // The next kernel may start as soon as every CTA is here: it only reads its
+  // own weights before its griddepcontrol.wait, which waits for all of this grid.
+  allow_dependent_grid();
+
+  constexpr uint32_t kTxBytes = kWBytes + NT * 8 * kFrontBlockK * 2;
+  if (warp == kConsumerWarps) {
+    // ---- producer: one thread streams the CTA's blocks through the ring ----
+    if (lane == 0) {
+      prefetch_tensor_map(&w_map);
+      prefetch_tensor_map(&x_map);
+      const int n = static_cast<int>(b_end - b_begin);
+      const int pre = n < kStages ? n : kStages;
+      for (int i = 0; i < pre; ++i) {
+        const int64_t b = b_begin + i;
+        const uint32_t stage = smem_addr(smem + i * kStageBytes);
+        mbar_expect_tx(smem_addr(&full[i]), kTxBytes);
+        tma_load_2d(stage, &w_map, smem_addr(&full[i]), static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK,
+                    static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
+      }
+      wait_for_producer_grid();  // x is the previous kernel's output
+      for (int i = 0; i < pre; ++i) {
+        const int64_t b = b_begin + i;
+        tma_load_2d(smem_addr(smem + i * kStageBytes + kWBytes), &x_map, smem_addr(&full[i]),
+                    static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK, 0);
+      }
+      int s = 0;
+      uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
+      for (int i = kStages; i < n; ++i) {
+        mbar_wait(smem_addr(&empty[s]), phase);
+        const int64_t b = b_begin + i;
+        const int k0 = static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK;
+        const uint32_t stage = smem_addr(smem + s * kStageBytes);
+        mbar_expect_tx(smem_addr(&full[s]), kTxBytes);
+        tma_load_2d(stage, &w_map, smem_addr(&full[s]), k0, static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
+        tma_load_2d(stage + kWBytes, &x_map, smem_addr(&full[s]), k0, 0);
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----------------------------------------------------------
+  wait_for_producer_grid();  // positions, slots and every write below
+  const int tid = threadIdx.x;
+  const int g = lane >> 2, tq = lane & 3;
+  // ldmatrix row addresses (see swizzled()): A = the warp's 16 weight rows,
+  // matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B = x rows (tokens),
+  // matrices (k 0-7 | 8-15) x (tokens 0-7 | 8-15).
+  const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
+
+  uint32_t* counters = static_cast<uint32_t*>(p.workspace);
+  const int64_t counter_bytes = (int64_t{tiles} * 4 + 255) / 256 * 256;
+  float4* partials = reinterpret_cast<float4*>(static_cast<uint8_t*>(p.workspace) + counter_bytes);
+  constexpr int kPartialFloat4 = kFrontPartialBytes / 16;
+
+  int s = 0;
+  uint32_t phase = 0;
+  int64_t b = b_begin;
+  while (b < b_end) {
+    const int tile = static_cast<int>(b / kFrontBlocksPerTile);
+    const int64_t tile_begin = int64_t{tile} * kFrontBlocksPerTile, tile_end = tile_begin + kFrontBlocksPerTile;
+    const int64_t seg_end = b_end < tile_end ? b_end : tile_end;
+    const bool whole = b == tile_begin && seg_end == tile_end;
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    for (; b < seg_end; ++b) {
+      mbar_wait(smem_addr(&full[s]), phase);
+      const uint32_t w_s = smem_addr(smem + s * kStageBytes), x_s = w_s + kWBytes;
+#pragma unroll
+      for (int ks = 0; ks < kFrontBlockK / 16; ++ks) {
+        uint32_t a0, a1, a2, a3;
+        ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a0, a1, a2, a3);
+        if constexpr (NT == 2) {
+          uint32_t b00, b01, b10, b11;
+          ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b00, b01, b10, b11);
+          mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
+          mma_bf16(acc[NT - 1], a0, a1, a2, a3, b10, b11);
+        } else {
+          uint32_t b00, b01;
+          ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b00, b01);
+          mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1u;
+      }
+    }
+
+    if (!whole) {
+      // Publish this CTA's partial of the tile; the last of the tile's CTAs
+      // sums all of them in CTA order.
+      float4* mine = partials + int64_t{tile + cta} * kPartialFloat4;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        __stcg(&mine[tid * 2 + nt], make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]));
+      __threadfence();
+      consumer_sync();
+      const int first = owner_of(tile_begin, blocks, ctas), last = owner_of(tile_end - 1, blocks, ctas);
+      if (tid == 0) {
+        const uint32_t arrived = atomicAdd(&counters[tile], 1u);
+        const int is_last = arrived == static_cast<uint32_t>(last - first);
+        if (is_last) counters[tile] = 0u;  // ready for the next launch
+        *s_last = is_last;
+      }
+      consumer_sync();
+      if (!*s_last) continue;
+      __threadfence();
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      for (int c = first; c <= last; ++c) {
+        const float4* part = partials + int64_t{tile + c} * kPartialFloat4;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float4 v = __ldcg(&part[tid * 2 + nt]);
+          acc[nt][0] += v.x;
+          acc[nt][1] += v.y;
+          acc[nt][2] += v.z;
+          acc[nt][3] += v.w;
+        }
+      }
+    }
+
+    // ---- epilogue of one head: fragments -> ybuf[token][row] ----
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = warp * 16 + g, tok = nt * 8 + tq * 2;
+      ybuf[tok * kYStride + row] = acc[nt][0];
+      ybuf[(tok + 1) * kYStride + row] = acc[nt][1];
+      ybuf[tok * kYStride + row + 8] = acc[nt][2];
+      ybuf[(tok + 1) * kYStride + row + 8] = acc[nt][3];
+    }
+    consumer_sync();
+    const int q_heads = kHeadsPerKvHead * kvh;
+    // 0: q, 1: k, 2: v, 3: gate
+    const int kind = tile < q_heads ? 0 : tile < q_heads + kvh ? 1 : tile < q_heads + 2 * kvh ? 2 : 3;
+    const int kv_head = kind == 1 ? tile - q_heads : tile - q_heads - kvh;
+    for (int t = warp; t < p.num_tokens; t += kConsumerWarps) {
+      const float2 y = *reinterpret_cast<const float2*>(&ybuf[t * kYStride + 2 * lane]);
+      float y0 = y.x, y1 = y.y;
+      if (kind <= 1) {
+        // Weightless RMS norm over the head's 64 values (fixed butterfly order).
+        float ss = y0 * y0 + y1 * y1;
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
+        const float r = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
+        y0 *= r;
+        y1 *= r;
+        if (p.cos_sin != nullptr) {
+          int64_t pos = p.positions[t];
+          pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;  // never read outside the table
+          const float* cs = p.cos_sin + pos * kHeadDim;
+          const float c = cs[lane], sn = cs[kHeadDim / 2 + lane];
+          const float r0 = y0 * c - y1 * sn, r1 = y0 * sn + y1 * c;
+          y0 = r0;
+          y1 = r1;
+        }
+      }
+      const __nv_bfloat162 v = __floats2bfloat162_rn(y0, y1);
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride + tile * kFrontTileRows;
+      reinterpret_cast<__nv_bfloat162*>(out)[lane] = v;
+      if (kind == 1 || kind == 2) {
+        const int64_t slot = p.slot_mapping[t];
+        if (slot >= 0 && slot < p.num_slots) {
+          const int64_t row = ((slot / kPageSize) * kvh + kv_head) * kPageSize + slot % kPageSize;
+          __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv_cache) + row * kCacheRowWidth + (kind == 2 ? kHeadDim : 0);
+          reinterpret_cast<__nv_bfloat162*>(dst)[lane] = v;
+        }
+      }
+    }
+    consumer_sync();  // ybuf is rewritten by the next head
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side: tensor maps and the launch.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A bf16 [rows, 8192] tensor read in boxes of box_rows x 64 columns, 128-byte swizzle.
+bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stride, int box_rows) {
+  const auto encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHiddenSize), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
+  const cuuint32_t box[2] = {kFrontBlockK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The dynamic shared-memory limit is raised once per device and kernel.
+template <int NT>
+cudaError_t prepare_kernel() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  if (cudaError_t err = cudaGetDevice(&dev)) return err;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(qkv_front_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_relaxed);
+  return err;
+}
+
+template <int NT>
+cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
+  if (cudaError_t err = prepare_kernel<NT>()) return err;
+  CUtensorMap w_map, x_map;
+  if (!make_map(&w_map, p.weight, qkv_width(p.num_kv_heads), kHiddenSize, kFrontTileRows) ||
+      !make_map(&x_map, p.x, p.num_tokens, p.x_stride, NT * 8))
+    return cudaErrorInvalidValue;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.num_ctas);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = p.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, qkv_front_kernel<NT>, w_map, x_map, p);
+}
+
+}  // namespace
+
+int launch_qkv_front(const QkvFrontParams& p, Stream stream) {
+  if (p.num_tokens < 1 || p.num_tokens > kFrontMaxTokens || p.num_ctas < 1 || p.workspace == nullptr)
+    return static_cast<int>(cudaErrorInvalidValue);
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  // Flat dispatch: 8 tokens (the verify step) and fewer take one n-tile.
+  const cudaError_t err = p.num_tokens <= 8 ? launch<1>(p, s) : launch<2>(p, s);
+  return static_cast<int>(err);
+}
+
+}  // namespace muse_decode
