@@ -1,0 +1,118 @@
+// attn2: paged attention of the 8-row speculative-decode verify step fused with
+// the weightless RMS norm (o-norm) and the sigmoid gate of the attention output
+// (SPEC section 5).
+//
+// One launch covers every KV head of the rank and every request. Its grid
+// depends on the deployment only (max_model_len, window, KV heads, requests),
+// never on the step's lengths, which the kernel reads from device memory: once
+// prepare_attn2 has run, a call is capturable in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "muse_decode/constants.h"
+#include "muse_decode/tensor.h"
+
+namespace muse_decode {
+
+// ---------------------------------------------------------------------------
+// Sizing (host, pure functions).
+
+// max_model_len up to which one cluster per (request, KV head) covers every key.
+inline constexpr int kAttn2ShortMaxLen = 2048;
+// Bound of attn2_splits (and of the num_splits a call accepts).
+inline constexpr int kAttn2MaxSplits = 32;
+
+// The window attn2 applies for a layer: 0 when the layer has none or when the
+// window covers max_model_len (no key is then outside a row's window).
+// Throws std::invalid_argument on a window < 1.
+int attn2_window(std::optional<int> sliding_window, int max_model_len);
+
+// Key slices (clusters of 8 CTAs) per (request, KV head): 1 for
+// max_model_len <= 2048 and for any window (a windowed row spans at most
+// W + 7 keys), else enough to fill the GPU, bounded (see attn2_host.cc).
+int attn2_splits(int max_model_len, int window, int num_kv_heads);
+
+// Bytes of the split kernel's workspace (counters and per-slice partials); 0
+// when num_splits is 1. The caller zeroes it once when allocating it; every
+// launch leaves it ready (counters back at 0) for the next one.
+int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
+
+// One-time setup for CUDA device `device` (-1: the current one): kernel
+// attributes (dynamic shared memory, clusters of 16 CTAs). Call it outside
+// graph capture, before the first call on that device. Throws
+// std::invalid_argument on a GPU the kernels were not built for and
+// std::runtime_error when the CUDA runtime refuses the attributes.
+void prepare_attn2(int device = -1);
+
+// ---------------------------------------------------------------------------
+// The layer attributes attn2 depends on (what vLLM's MuseSpark1xAttention carries).
+struct Attn2Layer {
+  bool use_o_norm = true;                   // weightless RMS norm of the attention output
+  bool use_o_gate = true;                   // sigmoid gate of the attention output
+  int head_dim = kHeadDim;
+  int num_heads = 2 * kHeadsPerKvHead;      // query heads of this rank
+  int num_kv_heads = 2;                     // KV heads of this rank
+  double scaling = kSoftmaxScale;           // softmax scale
+  double rms_norm_eps = kRmsNormEps;        // o-norm eps
+};
+
+// Why attn2 cannot compute this layer, or nullopt when it can.
+std::optional<std::string> unsupported_attn2(const Attn2Layer& layer);
+
+// ---------------------------------------------------------------------------
+// One call. R requests of 8 query rows each; H = 8 * KVH query heads.
+struct Attn2Args {
+  TensorRef q;            // bf16 [R*8, H*64], unit column stride, row stride % 8 == 0, 16-byte aligned
+  TensorRef gate;         // bf16 [R*8, H*64], same layout rules as q (its own row stride)
+  TensorRef kv_cache;     // bf16 [pages, KVH, 16, 128] contiguous (K in 0:64, V in 64:128)
+  TensorRef block_table;  // int32 [R, max_pages], unit column stride, max_pages >= ceil(max_model_len / 16)
+  TensorRef seq_lens;     // int32 [R], contiguous: 8 <= L <= max_model_len, the 8 query tokens included
+  TensorRef out;          // bf16 [R*8, H*64], same layout rules as q; must not overlap any input
+  TensorRef workspace;    // attn2_workspace_bytes(R, KVH, num_splits) bytes, contiguous, 16-byte aligned;
+                          // may be absent when num_splits == 1
+  int max_model_len = 0;  // of the deployment: sizes the grid and bounds L
+  int window = 0;         // attn2_window(layer's sliding window, max_model_len); 0 = none
+  int num_splits = 1;     // attn2_splits(max_model_len, window, KVH), or any value in [1, 32]
+  bool pdl = false;       // launch with programmatic dependent launch
+};
+
+// Launch parameters of the kernel (device layer; check_attn2 fills them).
+struct Attn2Params {
+  const void* q = nullptr;            // bf16 [R*8, H*64]
+  int64_t q_stride = 0;               // elements between rows, multiple of 8
+  const void* gate = nullptr;         // bf16 [R*8, H*64]
+  int64_t gate_stride = 0;            // elements between rows, multiple of 8
+  const void* kv_cache = nullptr;     // bf16 [num_pages, KVH, 16, 128], contiguous, 16-byte aligned
+  int num_pages = 0;                  // page ids outside [0, num_pages) are contract breaks (NaN rows)
+  const int32_t* block_table = nullptr;  // [R, >= ceil(max_model_len / 16)]
+  int64_t block_table_stride = 0;     // elements between rows
+  const int32_t* seq_lens = nullptr;  // [R]
+  void* out = nullptr;                // bf16 [R*8, H*64]
+  int64_t out_stride = 0;             // elements between rows, multiple of 8
+  void* workspace = nullptr;          // attn2_workspace_bytes(R, KVH, num_splits) bytes; null when num_splits == 1
+  int num_reqs = 0;                   // R, 1..65535
+  int num_kv_heads = 0;               // KVH, 1..65535
+  int max_model_len = 0;              // L > max_model_len is a contract break (NaN rows)
+  int window = 0;                     // 0: none; else keys p - window + 1 .. p
+  int num_splits = 1;                 // clusters per (request, KV head), 1..32
+  int cluster_size = 8;               // CTAs per cluster: 8, or 16 when num_splits == 1
+  bool pdl = false;                   // programmatic dependent launch
+};
+
+// Checks every argument (std::invalid_argument naming it, with the expected
+// and the actual value) and returns the kernel parameters; launches nothing
+// and needs no GPU.
+Attn2Params check_attn2(const Attn2Args& args);
+
+// check_attn2, then the launch on `stream`. Throws std::invalid_argument on bad
+// arguments or a device prepare_attn2 has not set up, std::runtime_error on a
+// launch error. Allocates nothing, never synchronises.
+void attn2(const Attn2Args& args, Stream stream);
+
+// Enqueue the kernel; no checks. Returns the launch error (cudaError_t as int).
+int launch_attn2(const Attn2Params& params, Stream stream);
+
+}  // namespace muse_decode

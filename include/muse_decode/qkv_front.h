@@ -1,0 +1,151 @@
+// qkv_front: the attention front of Muse Spark for 1..16 tokens (SPEC section 6).
+// One launch computes y = x W^T (the fused [q | k | v | gate] projection, fp32
+// accumulation), the weightless RMS norm of every q and k head, interleaved
+// RoPE when the layer has it, writes out [T, N] bf16 and inserts each KV
+// head's k and v into the paged KV cache.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "muse_decode/constants.h"
+#include "muse_decode/tensor.h"
+
+namespace muse_decode {
+
+// ---------------------------------------------------------------------------
+// Work decomposition (the kernel and the workspace sizing share it).
+//
+// The weight [N, 8192] is cut into blocks of 64 rows (one head) x 64 columns
+// (8 KB, one TMA box). Blocks are numbered tile-major (tile = head, then K);
+// CTA c of G owns blocks [c * B / G, (c + 1) * B / G) of the B blocks
+// (stream-K), so every CTA reads the same bytes to within one block. A tile cut
+// between CTAs is summed by the last of them to arrive, in CTA (= K) order.
+inline constexpr int kFrontTileRows = kHeadDim;                   // 64 rows: one head
+inline constexpr int kFrontBlockK = 64;                           // 64 bf16 = 128 B per row
+inline constexpr int kFrontBlocksPerTile = kHiddenSize / kFrontBlockK;  // 128
+// One CTA's partial sums of one tile: 128 threads x 2 n-tiles x 4 floats.
+inline constexpr int kFrontPartialBytes = 128 * 2 * 4 * 4;        // 4 KB
+
+// Whether the front serves a projection of output width n for num_kv_heads
+// KV heads: n == qkv_width(num_kv_heads), num_kv_heads in {1, 2, 4, 8, 16}
+// (TP16, TP8, TP4, TP2, TP1 of Muse Spark's 16 KV heads).
+bool supports_shape(int n, int num_kv_heads);
+
+// CTAs of a launch for num_kv_heads on a GPU with sm_count multiprocessors:
+// one per SM (a persistent stream-K grid), never more than there are blocks.
+int qkv_front_ctas(int num_kv_heads, int sm_count);
+// Bytes of the workspace a launch of qkv_front_ctas(num_kv_heads, sm_count)
+// CTAs needs: one arrival counter per tile, then one 4 KB partial per (CTA,
+// tile it touches). The caller zeroes it once when allocating it; every launch
+// leaves the counters at zero again. Throws on an unsupported num_kv_heads or
+// sm_count < 1.
+int64_t qkv_front_workspace_bytes(int num_kv_heads, int sm_count);
+// The same for CUDA device `device` (its multiprocessor count; -1: current).
+int64_t qkv_front_workspace_bytes_for_device(int num_kv_heads, int device = -1);
+
+// ---------------------------------------------------------------------------
+// The q and gate column views of the front's output rows [q | k | v | gate]
+// (q and gate: 8 heads of 64 per KV head), with qkv's row stride. Throws
+// std::invalid_argument when qkv is not [T, qkv_width(num_kv_heads)].
+struct QkvViews {
+  TensorRef q;     // [T, 8 * num_kv_heads * 64], columns 0 .. H*64
+  TensorRef gate;  // [T, 8 * num_kv_heads * 64], the last H*64 columns
+};
+QkvViews split_qkv(const TensorRef& qkv, int num_kv_heads);
+
+// ---------------------------------------------------------------------------
+// What vLLM's attention layer carries about its QKV projection and rotary
+// table, checked once when the layer is bound.
+struct RotaryDesc {
+  bool present = false;        // the layer has a rotary embedding object
+  int rotary_dim = kHeadDim;   // dims it rotates
+  bool is_neox_style = false;  // neox (halves) instead of interleaved pairs
+  TensorRef cos_sin;           // fp32 [max_pos, 64]: cos in 0:32, sin in 32:64
+};
+
+struct ProjectionDesc {
+  bool quantized = false;      // a quant method other than unquantized linear
+  bool has_bias = false;
+  bool gather_output = false;  // the TP projection gathers its output columns
+  int tp_size = 1;
+  TensorRef weight;            // bf16 [N, 8192], contiguous, 16-byte aligned
+  int num_heads = 0;           // query heads of this rank
+  int num_kv_heads = 0;        // KV heads of this rank
+  int head_dim = kHeadDim;
+  bool use_rope = false;       // sliding-window layers; full-attention layers have none
+  RotaryDesc rotary;
+};
+
+// Why the front cannot read this layer's projection and rotary table, or
+// nullopt when it can.
+std::optional<std::string> unsupported_projection(const ProjectionDesc& attn);
+
+// ---------------------------------------------------------------------------
+// Per-call checks. Arguments (SPEC section 6):
+//   x             bf16 [T, 8192], 1 <= T <= 16, unit column stride, row stride a
+//                 multiple of 8 elements, 16-byte aligned (read with TMA)
+//   weight        bf16 [N, 8192] contiguous, N = qkv_width(num_kv_heads), 16-byte aligned
+//   positions     int64 [T] contiguous (rows of cos_sin; clamped into the table)
+//   cos_sin       fp32 [max_pos, 64] contiguous, or absent for a layer without RoPE
+//   slot_mapping  int64 [T] contiguous; -1 (or any slot outside the cache): no insert
+//   kv_cache      bf16 [pages, num_kv_heads, 16, 128] contiguous, 16-byte aligned
+//   out           bf16 [T, N], unit column stride, row stride a multiple of 8, 16-byte
+//                 aligned; may be absent (the check of everything else)
+// The reason names the argument with the expected and the actual value; the
+// last check is the GPU family of the tensors' device.
+std::optional<std::string> unsupported_call(const TensorRef& x, const TensorRef& weight,
+                                            const TensorRef& positions, const TensorRef& cos_sin,
+                                            const TensorRef& slot_mapping, const TensorRef& kv_cache,
+                                            int num_kv_heads, const TensorRef& out = TensorRef{});
+// Whether the front takes this call (else the caller keeps the unfused path).
+bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
+                   const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
+                   int num_kv_heads);
+bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
+                   const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
+                   int num_kv_heads, const TensorRef& out);
+
+// ---------------------------------------------------------------------------
+// Launch parameters (device layer; check_qkv_front fills them).
+struct QkvFrontParams {
+  const void* x = nullptr;            // bf16 [num_tokens, 8192]; 16-byte aligned
+  int64_t x_stride = kHiddenSize;     // elements between rows of x, multiple of 8
+  const void* weight = nullptr;       // bf16 [N, 8192] contiguous; 16-byte aligned
+  const int64_t* positions = nullptr; // [num_tokens]
+  const float* cos_sin = nullptr;     // fp32 [max_pos, 64]; null: no RoPE
+  int64_t max_pos = 0;                // rows of cos_sin
+  const int64_t* slot_mapping = nullptr;  // [num_tokens]; slots outside [0, num_slots): no insert
+  void* kv_cache = nullptr;           // bf16 [pages, num_kv_heads, 16, 128] contiguous
+  int64_t num_slots = 0;              // pages * 16
+  void* out = nullptr;                // bf16 [num_tokens, N]
+  int64_t out_stride = 0;             // elements between rows of out, multiple of 8
+  void* workspace = nullptr;          // qkv_front_workspace_bytes(num_kv_heads, num_ctas's SMs), zeroed once
+  int num_tokens = 0;                 // 1..16
+  int num_kv_heads = 0;               // 1, 2, 4, 8 or 16
+  int num_ctas = 0;                   // qkv_front_ctas(num_kv_heads, sm_count)
+  bool pdl = false;                   // launch with programmatic dependent launch
+};
+
+// Enqueue the kernel; no argument checks. Returns the cudaError_t as int
+// (801, not supported, in a build without CUDA).
+int launch_qkv_front(const QkvFrontParams& params, Stream stream);
+
+// Checks every argument (std::invalid_argument naming it, before anything is
+// launched) and returns the launch parameters. workspace: a contiguous 1-D
+// device buffer of at least qkv_front_workspace_bytes_for_device(num_kv_heads,
+// device) bytes, zeroed when allocated.
+QkvFrontParams check_qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
+                               const TensorRef& cos_sin, const TensorRef& slot_mapping,
+                               const TensorRef& kv_cache, int num_kv_heads, const TensorRef& out,
+                               const TensorRef& workspace);
+
+// check_qkv_front, then launch on `stream`; throws std::runtime_error on a
+// launch error. Allocates nothing; capturable in a CUDA graph.
+void qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
+               const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
+               int num_kv_heads, const TensorRef& out, const TensorRef& workspace, Stream stream,
+               bool pdl = false);
+
+}  // namespace muse_decode
