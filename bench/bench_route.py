@@ -37,6 +37,13 @@ def stock(x, bias, off, n, tile, buf):
     return ids, w, meta
 
 
+def stock_route_only(x, bias):
+    s = torch.sigmoid(x)
+    ids = torch.topk(s + bias, 8, dim=-1, sorted=True).indices
+    top = s.gather(1, ids)
+    return ids, top / (top.sum(-1, keepdim=True) + 1e-15)
+
+
 def main():
     torch.manual_seed(0)
     timer = harness.Timer()
@@ -52,17 +59,28 @@ def main():
         row = (size + 3) // 4 * 4  # every buffer 16-byte aligned
         bufs = torch.zeros(CALLS, row, dtype=torch.int32, device="cuda")[:, :size]
         metas = [md.RoutingMetadata(bufs[i], OFFSET, LOCAL, TILE) for i in range(CALLS)]
-        ours = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i])) for i in range(CALLS)])
+        calls = [(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i])) for i in range(CALLS)]
+        ours = timer.graph_us(calls)
+        hot = timer.graph_us(calls, scrub=False)
+        pdl = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i], pdl=True)) for i in range(CALLS)])
+        no_meta = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i])) for i in range(CALLS)])
         n_stock = 32
         theirs = timer.graph_us([(lambda i=i: stock(xs[i], bias, OFFSET, LOCAL, TILE, bufs[i])) for i in range(n_stock)])
-        host = timer.host_us(lambda: routing(xs[0], ids[0], ws[0], metas[0]))
+        theirs_route = timer.graph_us([(lambda i=i: stock_route_only(xs[i], bias)) for i in range(n_stock)])
+        x0, i0, w0, m0 = xs[0], ids[0], ws[0], metas[0]
+        host = timer.host_us(lambda: routing(x0, i0, w0, m0))
+        impl = routing._impl
+        host_check = timer.host_us(lambda: impl.check(x0, i0, w0, m0.buffer, OFFSET, LOCAL, TILE))
         nbytes = b * 256 * 4 + 256 * 4 + b * 8 * 8 + 4 * (200 + 8 * b * TILE)
         rows.append(dict(op="route", b=b, tile_n=TILE, local_experts=LOCAL, us_per_call=round(ours, 3),
+                         us_l2_hot=round(hot, 3), us_pdl=round(pdl, 3), us_no_metadata=round(no_meta, 3),
                          floor_us=round(harness.floor_us(nbytes), 4), empty_kernel_us=round(empty_us, 3),
-                         bar_us=3.0, stock_torch_us=round(theirs, 2), speedup_vs_stock=round(theirs / ours, 1),
-                         host_us_per_call=round(host, 2), bytes=nbytes))
-        print(f"route b={b}: {ours:.2f} us (stock {theirs:.1f} us, empty kernel {empty_us:.2f} us, host {host:.2f} us)",
-              flush=True)
+                         bar_us=3.0, stock_torch_us=round(theirs, 2), stock_route_only_us=round(theirs_route, 2),
+                         speedup_vs_stock=round(theirs / ours, 1), host_us_per_call=round(host, 2),
+                         host_us_checks_only=round(host_check, 2)))
+        print(f"route b={b}: {ours:.2f} us cold, {hot:.2f} hot, {pdl:.2f} pdl, {no_meta:.2f} no metadata "
+              f"(stock {theirs:.1f} us, stock routing only {theirs_route:.1f}, empty kernel {empty_us:.2f}); "
+              f"host {host:.2f} us ({host_check:.2f} checks only)", flush=True)
     path = harness.write_results("route", rows)
     print("wrote", path)
 

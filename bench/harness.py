@@ -26,9 +26,10 @@ class Timer:
         self.scrub = torch.empty(SCRUB_BYTES // 4, dtype=torch.float32, device="cuda")
         self.stream = torch.cuda.Stream()
 
-    def graph_us(self, calls, warmup: bool = True) -> float:
+    def graph_us(self, calls, warmup: bool = True, scrub: bool = True) -> float:
         """GPU microseconds per call of `calls` (a list of no-argument
-        callables, each a different input set), captured in one graph."""
+        callables, each a different input set), captured in one graph; with
+        scrub, the L2 is flushed before each replay."""
         if warmup:
             with torch.cuda.stream(self.stream):
                 for c in calls:
@@ -43,7 +44,8 @@ class Timer:
         times = []
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(self.replays):
-            self.scrub.fill_(1.0)
+            if scrub:
+                self.scrub.fill_(1.0)
             start.record()
             graph.replay()
             end.record()
@@ -52,14 +54,15 @@ class Timer:
         del graph
         return statistics.median(times)
 
-    def host_us(self, call, n: int = 5000) -> float:
-        """Host microseconds per eager call: wall time of a loop of calls, the
-        GPU work running behind it; best of 5 loops."""
+    def host_us(self, call, n: int = 300) -> float:
+        """Host microseconds per eager call: wall time of a loop of n calls,
+        short enough that the launch queue never fills (so the host never
+        waits for the GPU); best of 30 loops."""
         for _ in range(200):
             call()
         torch.cuda.synchronize()
         best = float("inf")
-        for _ in range(5):
+        for _ in range(30):
             t0 = time.perf_counter()
             for _ in range(n):
                 call()

@@ -60,8 +60,10 @@ template <typename E, typename A>
   fail(cat(name, " must be ", expected, ", got ", actual));
 }
 
+// Present, with data unless it is empty (an empty tensor may have a null
+// pointer; the shape checks then say what is wrong with it).
 inline void require_present(const TensorRef& t, const std::string& name) {
-  if (!t.present() || t.data == nullptr) fail(cat(name, " is missing (null data)"));
+  if (!t.present() || (t.data == nullptr && t.numel() != 0)) fail(cat(name, " is missing (null data)"));
 }
 
 inline void require_dtype(const TensorRef& t, const std::string& name, DType dtype) {

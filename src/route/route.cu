@@ -2,9 +2,16 @@
 // then, when asked, builds the TRT-LLM-gen metadata of this rank's experts.
 //
 // Latency is all that matters here (at most 8 KB of logits): one launch, no
-// global atomics, three block barriers. Top-8 of 256 is a per-lane sorting
-// network over 8 candidates followed by 5 butterfly merges of sorted 8-lists
-// (about 600 cycles), instead of 8 rounds of warp arg-max (about 1800).
+// global atomics, three block barriers. The top 8 of a token's 256 keys come
+// from one warp in three steps whose instruction count is what the critical
+// path costs (one warp per token, no other work to hide it):
+//  A. the 8 largest keys as a multiset, on 32-bit order-preserving integers:
+//     a sorting network per lane (8 keys) then 5 butterfly merges of sorted
+//     8-lists, each compare-exchange one max and one min (~250 instructions,
+//     against ~750 for the same merges on 64-bit key+index words);
+//  B. exact ties at the 8th key: the lowest experts among the equal keys are
+//     selected (prefix counts across lanes);
+//  C. the 8 selected (key, expert) pairs ordered by key, then expert.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -18,31 +25,25 @@ constexpr int kThreads = 256;
 static_assert(kThreads / 32 == kRouteMaxTokens, "one warp per token");
 static_assert(kThreads == kNumExperts, "metadata phase: one thread per local expert");
 static_assert(kTopK == 8 && kNumExperts == 32 * 8, "each lane holds 8 of the 256 experts");
+constexpr unsigned kAll = 0xFFFFFFFFu;
 
-// A candidate packed so that a larger uint64 ranks first: the upper word is the
-// key in an order-preserving integer form (NaN above everything), the lower
-// word 255 - expert, so equal keys rank the lower expert first.
-__device__ __forceinline__ uint64_t pack(float key, int expert) {
-  uint32_t u = __float_as_uint(key);
-  if (key == 0.0f) u = 0u;  // -0 and +0 are equal keys
-  uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  if (key != key) ord = 0xFFFFFFFFu;  // NaN ranks above every number, as torch.topk
-  return (static_cast<uint64_t>(ord) << 32) | static_cast<uint32_t>(kNumExperts - 1 - expert);
-}
-__device__ __forceinline__ int unpack_expert(uint64_t c) {
-  return kNumExperts - 1 - static_cast<int>(c & 0xFFFFFFFFu);
+// The key as an unsigned integer of the same order: NaN above every number
+// (as torch.topk ranks it), -0 equal to +0.
+__device__ __forceinline__ uint32_t order_key(float key) {
+  if (key != key) return 0xFFFFFFFFu;
+  const uint32_t u = key == 0.0f ? 0u : __float_as_uint(key);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Compare-exchange so that a >= b afterwards.
-__device__ __forceinline__ void cas_desc(uint64_t& a, uint64_t& b) {
-  const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
+__device__ __forceinline__ void cas_desc(uint32_t& a, uint32_t& b) {
+  const uint32_t hi = max(a, b), lo = min(a, b);
   a = hi;
   b = lo;
 }
 
 // Sort 8 values in descending order (bitonic network, 24 compare-exchanges,
 // all indices compile-time so the array stays in registers).
-__device__ __forceinline__ void sort8_desc(uint64_t (&v)[8]) {
+__device__ __forceinline__ void sort8_desc(uint32_t (&v)[8]) {
 #pragma unroll
   for (int k = 2; k <= 8; k <<= 1) {
 #pragma unroll
@@ -60,19 +61,30 @@ __device__ __forceinline__ void sort8_desc(uint64_t (&v)[8]) {
 }
 
 // v descending; keep the 8 largest of v and the lane^mask partner's list.
-__device__ __forceinline__ void merge_with_lane(uint64_t (&v)[8], int mask) {
-  uint64_t other[8];
+__device__ __forceinline__ void merge_with_lane(uint32_t (&v)[8], int mask) {
+  uint32_t other[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(0xFFFFFFFFu, v[i], mask);
+  for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(kAll, v[i], mask);
   // max(v[i], other[7 - i]) is the top 8 of the union, as a bitonic sequence.
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = v[i] > other[7 - i] ? v[i] : other[7 - i];
+  for (int i = 0; i < 8; ++i) v[i] = max(v[i], other[7 - i]);
 #pragma unroll
   for (int j = 4; j > 0; j >>= 1) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       if ((i & j) == 0) cas_desc(v[i], v[i + j]);
   }
+}
+
+// Exclusive prefix sum over the lanes of the warp.
+__device__ __forceinline__ int lane_prefix(int x, int lane) {
+  int incl = x;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(kAll, incl, d);
+    if (lane >= d) incl += up;
+  }
+  return incl - x;
 }
 
 __device__ __forceinline__ void wait_for_producer() {
@@ -89,7 +101,8 @@ __device__ __forceinline__ void allow_dependents() {
 template <bool kMetadata>
 __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p) {
   __shared__ float s_score[kRouteMaxTokens][kNumExperts];
-  __shared__ int s_ids[kRouteMaxTokens][kTopK];
+  __shared__ int s_ids[kRouteMaxTokens][kTopK];           // slot order
+  __shared__ uint64_t s_pick[kRouteMaxTokens][kTopK];     // winners, expert order
   __shared__ uint32_t s_tokens[kNumExperts];     // bit t: token t routes to local expert j
   __shared__ int s_cta_off[kNumExperts];         // first CTA of local expert j
   __shared__ int s_cta_expert[kMaxRoutes];       // local expert of CTA g (at most one CTA per route)
@@ -111,38 +124,78 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     const float4 x0 = row[lane], x1 = row[32 + lane];
     const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const float bias[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    uint64_t v[8];
+    uint32_t key[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
       // SPEC step 1: accurate expf and an IEEE division, as torch.sigmoid on CUDA.
       const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
       s_score[warp][e] = s;
-      v[i] = pack(__fadd_rn(s, bias[i]), e);  // step 2: one fp32 add
+      key[i] = order_key(__fadd_rn(s, bias[i]));  // step 2: one fp32 add
     }
-    sort8_desc(v);
+    // A: the 8 largest keys (with multiplicity), the same on every lane.
+    uint32_t top[8];
 #pragma unroll
-    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(v, mask);
+    for (int i = 0; i < 8; ++i) top[i] = key[i];
+    sort8_desc(top);
+#pragma unroll
+    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(top, mask);
+    const uint32_t last = top[7];
+    int above = 0;  // keys strictly above the 8th
+#pragma unroll
+    for (int k = 0; k < 7; ++k) above += top[k] > last;
+    // B: of the keys equal to the 8th, the 8 - above lowest experts. Expert
+    // order: first halves (i < 4) lane by lane, then second halves.
+    uint32_t eq_lo = 0, eq_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      eq_lo |= static_cast<uint32_t>(key[i] == last) << i;
+      eq_hi |= static_cast<uint32_t>(key[i + 4] == last) << i;
+    }
+    const int before_lo = lane_prefix(__popc(eq_lo), lane);
+    const int total_lo = __shfl_sync(kAll, before_lo + __popc(eq_lo), 31);
+    const int before_hi = total_lo + lane_prefix(__popc(eq_hi), lane);
+    uint32_t selected = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t eq = i < 4 ? eq_lo : eq_hi;
+      const int tie_rank = (i < 4 ? before_lo : before_hi) + __popc(eq & ((1u << (i & 3)) - 1u));
+      if (key[i] > last || (key[i] == last && tie_rank < 8 - above)) selected |= 1u << i;
+    }
+    // C: compact the 8 winners (key, 255 - expert) into shared memory, then
+    // lane k < 8 finds the slot of winner k by counting the winners before it.
+    const int slot0 = lane_prefix(__popc(selected), lane);
+#pragma unroll
+    for (int i = 0, n = 0; i < 8; ++i) {
+      if (selected & (1u << i)) {
+        const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
+        s_pick[warp][slot0 + n++] =
+            (static_cast<uint64_t>(key[i]) << 32) | static_cast<uint32_t>(kNumExperts - 1 - e);
+      }
+    }
     __syncwarp();
-    // Every lane now holds the same top 8, best first (step 3).
-    float score[8];
+    if (lane < kTopK) {
+      const uint64_t mine = s_pick[warp][lane];
+      int rank = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) rank += s_pick[warp][k] > mine;
+      s_ids[warp][rank] = kNumExperts - 1 - static_cast<int>(mine & 0xFFFFFFFFu);
+    }
+    __syncwarp();
+    // Every lane reads the 8 ids in slot order (step 3) and sums left to right.
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      score[k] = s_score[warp][unpack_expert(v[k])];
-      sum = k == 0 ? score[0] : __fadd_rn(sum, score[k]);  // step 4: left to right
+      const float score = s_score[warp][s_ids[warp][k]];
+      sum = k == 0 ? score : __fadd_rn(sum, score);  // step 4: left to right
     }
     const float denom = __fadd_rn(sum, kRouteDivisionEps);
     if (lane < kTopK) {
-      int id = 0;
-      float s = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (lane == k) { id = unpack_expert(v[k]); s = score[k]; }
+      const int id = s_ids[warp][lane];
+      const float s = s_score[warp][id];
       p.ids[warp * kTopK + lane] = id;
       p.weights[warp * kTopK + lane] = __fdiv_rn(__fmul_rn(s, p.route_scale), denom);  // step 5
       if (kMetadata) {
-        s_ids[warp][lane] = id;
         const int j = id - p.local_expert_offset;
         if (j >= 0 && j < p.num_local_experts) atomicOr(&s_tokens[j], 1u << warp);
       }

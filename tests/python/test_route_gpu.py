@@ -211,8 +211,9 @@ def test_bad_input_launches_nothing(routing):
 
 
 def test_host_overhead_under_5us(routing):
-    """Host time of one eager call with metadata, measured as the wall time of
-    a long loop of calls (the GPU side, ~2 us, runs behind it)."""
+    """Host time of one eager call with metadata: the wall time of loops of
+    300 calls (short enough that the launch queue never fills and the host
+    never waits for the GPU), best of 30."""
     b = 8
     x = torch.randn(b, 256, device="cuda")
     ids = torch.empty(b, 8, dtype=torch.int32, device="cuda")
@@ -222,8 +223,8 @@ def test_host_overhead_under_5us(routing):
         routing(x, ids, w, meta)
     torch.cuda.synchronize()
     best = float("inf")
-    for _ in range(5):
-        n = 5000
+    for _ in range(30):
+        n = 300
         t0 = time.perf_counter()
         for _ in range(n):
             routing(x, ids, w, meta)

@@ -1,0 +1,242 @@
+// attn2 benchmark: CUDA-graph replay of many calls per graph, each captured
+// call reading a different copy of the KV pages (block tables into disjoint
+// page ranges of one cache, together past 3x the 60 MB L2), median of 7
+// replays. One JSON line per shape (also to --json PATH), then a table.
+//
+// Bytes moved per call: the visible keys' K and V (L * KVH * 256 bytes per
+// request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
+// 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
+//
+//   bench_attn2 [--json PATH] [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "muse_decode/arch.h"
+#include "muse_decode/attn2.h"
+#include "muse_decode/constants.h"
+
+namespace md = muse_decode;
+
+#define CHECK_CUDA(expr)                                                                      \
+  do {                                                                                        \
+    cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, SPEC section 9
+constexpr int64_t kRotateBytes = 3LL * 60 * 1000 * 1000;  // 3x the L2
+
+__global__ void fill_random_bf16(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed ^ static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    // Uniform in [-1, 1): sign, exponent 126 or below, random mantissa.
+    const uint32_t exp = 121u + (h >> 29);  // 2^-6 .. 2^-0.x
+    p[i] = static_cast<uint16_t>(((h & 1u) << 15) | (std::min(exp, 126u) << 7) | ((h >> 8) & 0x7Fu));
+  }
+}
+
+struct Shape {
+  const char* name;
+  int kvh, reqs, mml, sliding, len;
+};
+
+struct Result {
+  Shape s;
+  int window, splits, calls;
+  double us, us_pdl, bytes, floor_us, bar_us;
+  const char* bar;
+  bool ok;
+};
+
+double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (md::Attn2Args a : calls) {
+    a.pdl = pdl;
+    md::attn2(a, reinterpret_cast<md::Stream>(stream));
+  }
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t t0, t1;
+  CHECK_CUDA(cudaEventCreate(&t0));
+  CHECK_CUDA(cudaEventCreate(&t1));
+  for (int w = 0; w < 2; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 7; ++rep) {
+    CHECK_CUDA(cudaEventRecord(t0, stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(t1, stream));
+    CHECK_CUDA(cudaEventSynchronize(t1));
+    float m = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&m, t0, t1));
+    ms.push_back(m);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK_CUDA(cudaEventDestroy(t0));
+  CHECK_CUDA(cudaEventDestroy(t1));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  (void)base;
+  return ms[ms.size() / 2] * 1000.0 / calls.size();
+}
+
+Result run_shape(const Shape& s, cudaStream_t stream) {
+  Result r{};
+  r.s = s;
+  r.window = md::attn2_window(s.sliding > 0 ? std::optional<int>(s.sliding) : std::nullopt, s.mml);
+  r.splits = md::attn2_splits(s.mml, r.window, s.kvh);
+  const int L = s.len;
+  const int lo = r.window > 0 ? std::max(0, L - 7 - r.window) : 0;
+  const int first_page = lo / 16, last_page = (L - 1) / 16;
+  const int64_t vis_pages = last_page - first_page + 1;  // pages each (request, KV head) reads
+  const int64_t vis_keys = L - lo;
+  const int64_t width = 8LL * s.kvh * 64, n = md::qkv_width(s.kvh);
+  const double kv_bytes = double(s.reqs) * s.kvh * vis_keys * 256;
+  r.bytes = kv_bytes + 3.0 * s.reqs * 8 * width * 2;  // + q, gate, out
+  r.floor_us = r.bytes / kCopyBandwidth * 1e6;
+  const bool tp1 = s.kvh == 16;
+  r.bar_us = tp1 ? r.floor_us / 0.8 : 1.25 * r.floor_us + 3.0;
+  r.bar = tp1 ? ">= 80% of 4.2 TB/s" : "<= 1.25 x floor + 3 us";
+
+  // Copies of the pages read per call, together past 3x the L2.
+  const int64_t page_bytes_per_call = int64_t(s.reqs) * vis_pages * s.kvh * 4096;
+  const int copies = static_cast<int>(std::max<int64_t>(1, (kRotateBytes + page_bytes_per_call - 1) / page_bytes_per_call));
+  r.calls = page_bytes_per_call > (256LL << 20) ? 10 : page_bytes_per_call > (16LL << 20) ? 30 : 60;
+  const int64_t pages = copies * int64_t(s.reqs) * vis_pages;
+  const int max_pages = (s.mml + 15) / 16;
+
+  uint16_t *cache, *qkv, *out;
+  int32_t *tables, *lens;
+  void* ws;
+  const int64_t cache_elems = pages * s.kvh * 16 * 128;
+  CHECK_CUDA(cudaMalloc(&cache, cache_elems * 2));
+  CHECK_CUDA(cudaMalloc(&qkv, int64_t(s.reqs) * 8 * n * 2));
+  CHECK_CUDA(cudaMalloc(&out, int64_t(s.reqs) * 8 * width * 2));
+  CHECK_CUDA(cudaMalloc(&tables, int64_t(copies) * s.reqs * max_pages * 4));
+  CHECK_CUDA(cudaMalloc(&lens, s.reqs * 4));
+  const int64_t ws_bytes = std::max<int64_t>(16, md::attn2_workspace_bytes(s.reqs, s.kvh, r.splits));
+  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  CHECK_CUDA(cudaMemset(ws, 0, ws_bytes));
+  fill_random_bf16<<<1024, 256, 0, stream>>>(cache, cache_elems, 1);
+  fill_random_bf16<<<256, 256, 0, stream>>>(qkv, int64_t(s.reqs) * 8 * n, 2);
+  CHECK_CUDA(cudaGetLastError());
+  // Copy c, request r: visible page i -> page (c * reqs + r) * vis_pages + (i - first_page),
+  // in reverse order within the run (not sequential addresses); pages below the window: 0 (never read).
+  std::vector<int32_t> host(int64_t(copies) * s.reqs * max_pages, 0);
+  for (int c = 0; c < copies; ++c)
+    for (int q = 0; q < s.reqs; ++q)
+      for (int i = first_page; i <= last_page; ++i)
+        host[(int64_t(c) * s.reqs + q) * max_pages + i] =
+            static_cast<int32_t>((int64_t(c) * s.reqs + q) * vis_pages + (last_page - i));
+  CHECK_CUDA(cudaMemcpy(tables, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<int32_t> lh(s.reqs, L);
+  CHECK_CUDA(cudaMemcpy(lens, lh.data(), s.reqs * 4, cudaMemcpyHostToDevice));
+
+  md::Attn2Args base;
+  auto rows = [&](void* data, int64_t stride) {
+    md::TensorRef t = md::make_tensor(data, md::DType::kBFloat16, {s.reqs * 8LL, width});
+    t.stride[0] = stride;
+    return t;
+  };
+  base.q = rows(qkv, n);
+  base.gate = rows(qkv + width + 2LL * s.kvh * 64, n);
+  base.out = rows(out, width);
+  base.kv_cache = md::make_tensor(cache, md::DType::kBFloat16, {pages, s.kvh, 16, 128});
+  base.seq_lens = md::make_tensor(lens, md::DType::kInt32, {s.reqs});
+  base.workspace = md::make_tensor(ws, md::DType::kInt32, {ws_bytes / 4});
+  base.max_model_len = s.mml;
+  base.window = r.window;
+  base.num_splits = r.splits;
+  std::vector<md::Attn2Args> calls;
+  for (int k = 0; k < r.calls; ++k) {
+    md::Attn2Args a = base;
+    a.block_table = md::make_tensor(tables + int64_t(k % copies) * s.reqs * max_pages, md::DType::kInt32,
+                                    {s.reqs, max_pages});
+    calls.push_back(a);
+  }
+  r.us = time_graph(base, calls, false, stream);
+  r.us_pdl = time_graph(base, calls, true, stream);
+  // Sanity: the output is finite.
+  std::vector<uint16_t> o(int64_t(s.reqs) * 8 * width);
+  CHECK_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
+  r.ok = std::all_of(o.begin(), o.end(), [](uint16_t b) { return (b & 0x7F80u) != 0x7F80u; });
+  CHECK_CUDA(cudaFree(cache));
+  CHECK_CUDA(cudaFree(qkv));
+  CHECK_CUDA(cudaFree(out));
+  CHECK_CUDA(cudaFree(tables));
+  CHECK_CUDA(cudaFree(lens));
+  CHECK_CUDA(cudaFree(ws));
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json_path = nullptr;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  if (!md::supported_family(md::gpu_family())) {
+    std::printf("bench_attn2: no supported GPU (%s)\n", md::describe_device().c_str());
+    return 0;
+  }
+  std::printf("# %s\n", md::describe_device().c_str());
+  md::prepare_attn2();
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<Shape> shapes = {
+      {"tp8", 2, 1, 131072, 0, 2048},     {"tp8", 2, 1, 131072, 0, 8192},
+      {"tp8", 2, 1, 131072, 0, 32768},    {"tp8", 2, 1, 131072, 0, 131072},
+      {"tp8_swa", 2, 1, 131072, 2048, 131072},
+      {"tp8_short", 2, 1, 2048, 0, 2048},
+      {"tp1x8", 16, 8, 131072, 0, 8192},  {"tp1x8", 16, 8, 131072, 0, 32768},
+      {"tp1x8", 16, 8, 131072, 0, 131072},
+  };
+  if (quick) shapes.resize(5);
+  FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
+  std::vector<Result> results;
+  for (const Shape& s : shapes) {
+    const Result r = run_shape(s, stream);
+    results.push_back(r);
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "{\"op\": \"attn2\", \"shape\": \"%s\", \"num_kv_heads\": %d, \"num_reqs\": %d, "
+                  "\"max_model_len\": %d, \"window\": %d, \"seq_len\": %d, \"num_splits\": %d, "
+                  "\"calls_per_graph\": %d, \"us_per_call\": %.3f, \"us_per_call_pdl\": %.3f, \"bytes\": %.0f, "
+                  "\"floor_us\": %.3f, \"gb_per_s\": %.1f, \"pct_of_copy_bw\": %.1f, \"bar_us\": %.3f, "
+                  "\"bar\": \"%s\", \"meets_bar\": %s, \"output_finite\": %s}",
+                  s.name, s.kvh, s.reqs, s.mml, r.window, s.len, r.splits, r.calls, r.us, r.us_pdl, r.bytes,
+                  r.floor_us, r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.bar_us, r.bar,
+                  r.us <= r.bar_us ? "true" : "false", r.ok ? "true" : "false");
+    std::printf("%s\n", line);
+    if (json) std::fprintf(json, "%s\n", line);
+  }
+  if (json) std::fclose(json);
+  std::printf("\n%-10s %4s %3s %7s %5s %7s %6s %9s %9s %8s %8s %6s %8s %s\n", "shape", "KVH", "R", "mml", "W", "L",
+              "splits", "us/call", "us(pdl)", "floor", "bar", "%bw", "GB/s", "bar met");
+  for (const Result& r : results)
+    std::printf("%-10s %4d %3d %7d %5d %7d %6d %9.2f %9.2f %8.2f %8.2f %5.1f%% %8.0f %s\n", r.s.name, r.s.kvh,
+                r.s.reqs, r.s.mml, r.window, r.s.len, r.splits, r.us, r.us_pdl, r.floor_us, r.bar_us,
+                100.0 * r.floor_us / r.us, r.bytes / r.us * 1e-3, r.us <= r.bar_us ? "yes" : "NO");
+  return 0;
+}
