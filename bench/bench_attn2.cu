@@ -7,7 +7,7 @@
 // request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
 // 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
 //
-//   bench_attn2 [--json PATH] [--quick]
+//   bench_attn2 [--json PATH] [--quick] [--only INDEX]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/constants.h"
+#include "../src/attn2/attn2_kernels.h"
 
 namespace md = muse_decode;
 
@@ -191,8 +192,10 @@ Result run_shape(const Shape& s, cudaStream_t stream) {
 int main(int argc, char** argv) {
   const char* json_path = nullptr;
   bool quick = false;
+  int only = -1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   if (!md::supported_family(md::gpu_family())) {
@@ -201,6 +204,12 @@ int main(int argc, char** argv) {
   }
   std::printf("# %s\n", md::describe_device().c_str());
   md::prepare_attn2();
+  for (int c : {8, 16}) {
+    int per_sm = 0, clusters = 0;
+    md::detail::attn2_occupancy(c, &per_sm, &clusters);
+    std::printf("# clusters of %d: %d CTAs per SM, %d clusters co-resident (%d CTAs)\n", c, per_sm, clusters,
+                clusters * c);
+  }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -213,6 +222,7 @@ int main(int argc, char** argv) {
       {"tp1x8", 16, 8, 131072, 0, 131072},
   };
   if (quick) shapes.resize(5);
+  if (only >= 0 && only < static_cast<int>(shapes.size())) shapes = {shapes[only]};
   FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
   std::vector<Result> results;
   for (const Shape& s : shapes) {

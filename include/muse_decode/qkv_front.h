@@ -128,6 +128,11 @@ struct QkvFrontParams {
   bool pdl = false;                   // launch with programmatic dependent launch
 };
 
+// One-time setup of the current CUDA device (the kernels' shared-memory limit,
+// the driver's tensor-map encoder), outside graph capture; launch_qkv_front
+// does it lazily otherwise. Returns the cudaError_t as int.
+int prepare_qkv_front();
+
 // Enqueue the kernel; no argument checks. Returns the cudaError_t as int
 // (801, not supported, in a build without CUDA).
 int launch_qkv_front(const QkvFrontParams& params, Stream stream);

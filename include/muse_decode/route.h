@@ -99,9 +99,13 @@ class MuseRouting {
   // kernel parameters; launches nothing.
   RouteParams check(const TensorRef& logits, const TensorRef& ids, const TensorRef& weights,
                     const RoutingMetadata* metadata) const;
-  // check() then launch on `stream`; throws std::runtime_error on a launch error.
+  // check() then launch on `stream`; throws std::runtime_error on a launch
+  // error. With pdl the kernel is launched with programmatic dependent launch:
+  // it loads the bias before waiting for the previous kernel and writes
+  // nothing before, so it is correct whatever precedes it (and ~0.3 us
+  // faster in a chain, and cheaper to launch on the host).
   void operator()(const TensorRef& logits, const TensorRef& ids, const TensorRef& weights,
-                  const RoutingMetadata* metadata, Stream stream, bool pdl = false) const;
+                  const RoutingMetadata* metadata, Stream stream, bool pdl = true) const;
 
   const float* bias() const { return bias_; }
   float route_scale() const { return route_scale_; }

@@ -63,6 +63,8 @@ void bind_route(nb::module_& m) {
       "score_normalization"_a, "top_k"_a, "num_experts"_a, "output_multiplier"_a.none(), "division_eps"_a,
       "expert_bias"_a, "route_scale"_a);
 
+  // Subclassed in Python by muse_decode.MuseRouting, whose __call__ is this
+  // one: no Python frame between the user and the launch (host cost, SPEC 7).
   nb::class_<MuseRouting>(m, "Routing")
       .def(
           "__init__",
@@ -73,13 +75,24 @@ void bind_route(nb::module_& m) {
           "expert_bias"_a, "route_scale"_a)
       .def(
           "__call__",
-          [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle md_buffer,
-             int md_offset, int md_count, int tile_n, bool pdl) {
-            CallViews v(logits, ids, weights, md_buffer, md_offset, md_count, tile_n);
+          [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle metadata,
+             bool pdl) {
+            // metadata: a RoutingMetadata (buffer, local_expert_offset, num_local_experts, tile_n) or None.
+            nb::handle buf = nb::none();
+            int off = 0, count = kNumExperts, tile = 128;
+            if (!metadata.is_none()) {
+              if (!PyTuple_Check(metadata.ptr()) || PyTuple_GET_SIZE(metadata.ptr()) != 4)
+                throw std::invalid_argument("metadata must be a RoutingMetadata");
+              buf = PyTuple_GET_ITEM(metadata.ptr(), 0);
+              off = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 1)));
+              count = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 2)));
+              tile = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 3)));
+            }
+            CallViews v(logits, ids, weights, buf, off, count, tile);
             self(v.logits, v.ids, v.weights, v.with_meta ? &v.meta : nullptr, current_stream(v.logits.device), pdl);
+            return nb::make_tuple(ids, weights);
           },
-          "logits"_a, "ids"_a, "weights"_a, "md_buffer"_a.none() = nb::none(), "md_offset"_a = 0,
-          "md_count"_a = kNumExperts, "tile_n"_a = 128, "pdl"_a = false)
+          "logits"_a, "ids"_a, "weights"_a, "metadata"_a.none() = nb::none(), "pdl"_a = true)
       .def(
           "check",
           [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle md_buffer,

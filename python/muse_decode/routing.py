@@ -72,31 +72,29 @@ def fold_router_output_multiplier(router) -> None:
     router.router_output_multiplier = None
 
 
-class MuseRouting:
+class MuseRouting(_C.Routing):
     """The routing of one Muse Spark MoE layer for 1 to 8 tokens, bound to its
     router's expert bias and route scale when built (the router is checked
-    then: ValueError with the reason). A call checks its tensors, allocates
-    nothing, runs on the current stream and can be captured in a CUDA graph."""
+    then: ValueError with the reason).
 
-    __slots__ = ("bias", "route_scale", "_impl")
+    ``routing(logits, ids, weights, metadata=None, pdl=True)`` routes fp32
+    logits [b, 256] (1 <= b <= 8, 16-byte aligned rows) into ``ids`` (int32
+    [b, 8], global expert ids) and ``weights`` (fp32 [b, 8]); with
+    ``metadata`` (a RoutingMetadata) it also writes the routing metadata of the
+    local experts. Returns (ids, weights). Any bad argument raises ValueError
+    before anything is launched. A call allocates nothing, runs on the current
+    stream and can be captured in a CUDA graph. ``pdl`` launches with
+    programmatic dependent launch (the kernel reads the bias before waiting for
+    the previous kernel, and everything else after), which is correct whatever
+    precedes it and saves ~0.3 us of GPU and host time.
+
+    The call itself is the extension's (no Python frame in between: the whole
+    host path costs a few microseconds, SPEC section 7)."""
 
     def __init__(self, router):
         reason = unsupported_router(router)
         if reason is not None:
             raise ValueError(f"MuseRouting does not support {reason}")
+        super().__init__(router.expert_bias, float(router.route_scale))
         self.bias = router.expert_bias
         self.route_scale = float(router.route_scale)
-        self._impl = _C.Routing(self.bias, self.route_scale)
-
-    def __call__(self, logits, ids, weights, metadata: RoutingMetadata | None = None, pdl: bool = False):
-        """Route fp32 logits [b, 256] (1 <= b <= 8, 16-byte aligned rows) into
-        ``ids`` (int32 [b, 8], global expert ids) and ``weights`` (fp32
-        [b, 8]); with ``metadata``, also the routing metadata of its local
-        experts. Returns (ids, weights). ValueError on any bad argument, before
-        anything is launched."""
-        if metadata is None:
-            self._impl(logits, ids, weights, None, 0, NUM_EXPERTS, 128, pdl)
-        else:
-            self._impl(logits, ids, weights, metadata.buffer, metadata.local_expert_offset,
-                       metadata.num_local_experts, metadata.tile_n, pdl)
-        return ids, weights

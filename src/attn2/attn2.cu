@@ -5,8 +5,8 @@
 //
 // Work decomposition. A cluster of C CTAs (16 on the one-slice path, 8 when
 // split) owns one key slice of one (request, KV head); the CTAs of all slices
-// of that pair share its visible pages in contiguous runs of 8-page groups,
-// sized from the device-side length L. Each CTA keeps an online-softmax state
+// of that pair take its visible pages in 8-page groups, round-robin, from the
+// device-side length L. Each CTA keeps an online-softmax state
 // (m, l, unnormalised O) of all 64 rows; the cluster merges its C states
 // through distributed shared memory, CTA rank r merging rows [r*64/C, ...).
 // One slice: that CTA applies norm and gate and writes out. Several slices:
@@ -55,6 +55,7 @@ constexpr int kSlotBytes = kPageBytes + 16;                // staggered by one b
 constexpr int kStageBytes = kGroupPages * kSlotBytes;      // 32896
 constexpr int kSmemBytes = kStages * kStageBytes;          // 98688: two CTAs per SM
 constexpr int kMergeStride = kHeadDim + 4;                 // floats per merge row (16-byte aligned, fewer conflicts)
+constexpr int kQStride = kHeadDim + 8;                     // bf16 per Q row in shared memory: 144 B, conflict-free ldmatrix
 // log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
 constexpr float kScaleLog2 = static_cast<float>(0.6841258107984375 * 1.4426950408889634);
 
@@ -64,7 +65,8 @@ static_assert(kHeadsPerKvHead == 8 && kVerifyLen == 8,
 static_assert(kPageSize == 16, "a page is 16 keys: one n-tile pair of S per key position");
 static_assert(kRows * kMergeStride * 4 <= kSmemBytes, "the merge area reuses the stages");
 static_assert(kSlotBytes % 16 == 0 && kStageBytes % 128 == 0, "bulk copies need 16-byte alignment");
-static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
+static_assert(2 * (kSmemBytes + kRows * kQStride * 2 + 1024 + 1024) <= 228 * 1024,
+              "two CTAs per SM (stages, the Q tile, barriers and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
 
@@ -159,12 +161,11 @@ __device__ __forceinline__ void allow_dependents() {
 
 // out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for 4 columns of a row
 // whose 64 columns are spread over 16 consecutive lanes.
-__device__ __forceinline__ void finish_row(const float (&o)[4], const __nv_bfloat16* gate, __nv_bfloat16* out) {
+__device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, __nv_bfloat16* out) {
   float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
 #pragma unroll
   for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
   const float rms = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
-  const uint2 g = *reinterpret_cast<const uint2*>(gate);
   const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
   const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
   const float gv[4] = {g01.x, g01.y, g23.x, g23.y};
@@ -181,7 +182,6 @@ template <int kCluster>
 __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kConsumerWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, 16 threads per row");
-  constexpr int kMergeRows = kRows / kCluster;
 
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full_bar[kStages];
@@ -190,6 +190,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   __shared__ float s_l[kRows];
   __shared__ int s_bad;
   __shared__ int s_last;
+  __shared__ __align__(16) __nv_bfloat16 s_q[kRows * kQStride];  // row = head * 8 + token
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
@@ -213,6 +214,40 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   // gate, the cache insert, lengths, block table).
   wait_for_producer();
 
+  // Groups go round-robin over the CTAs of the active slices: CTA `me` takes
+  // groups me, me + ctas, ... (group g: pages first_page + 8g ..). Without a
+  // window first_page is 0, so the producer reads its first group's page ids
+  // before L arrives (both loads in flight together: one global latency saved).
+  const int me = split * kCluster + rank;
+  // Loads that do not depend on L go first, so that they overlap its latency:
+  // the consumers' 16 Q rows, the gate of the rows this CTA finishes.
+  constexpr int kMergeRows = kRows / kCluster;
+  const bool merger = threadIdx.x < kMergeRows * 16;
+  const int row = rank * kMergeRows + threadIdx.x / 16;  // = local head * 8 + token
+  const int d = (threadIdx.x % 16) * 4;
+  const int token = row % kVerifyLen, head = kvh * kHeadsPerKvHead + row / kVerifyLen;
+  const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
+  uint2 gate_v = make_uint2(0u, 0u);
+  if (merger)
+    gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
+                                             head * kHeadDim + d);
+  uint4 qv[4];
+  if (warp < kConsumerWarps) {
+    // Warp w: rows w*16 + r (head 2w + r / 8, token r % 8), 8 x 16 bytes each.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = k * 32 + lane, r = idx / 8, c = idx % 8;
+      qv[k] = *reinterpret_cast<const uint4*>(
+          static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
+          (kvh * kHeadsPerKvHead + 2 * warp + r / 8) * kHeadDim + c * 8);
+    }
+  }
+  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
+  int ids0 = -1;  // producer lanes 0-7: page ids of this CTA's first group
+  if (warp == kConsumerWarps && p.window == 0 && lane < kGroupPages) {
+    const int pi = me * kGroupPages + lane;
+    if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
+  }
   const int L = p.seq_lens[req];
   const bool broken = L < kVerifyLen || L > p.max_model_len;
   // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
@@ -220,10 +255,14 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   const int first_page = lo / kPageSize;
   const int last_page = (L - 1) / kPageSize;
   const int num_groups = broken ? 0 : (last_page - first_page + kGroupPages) / kGroupPages;
-  const int ctas = p.num_splits * kCluster;
-  const int me = split * kCluster + rank;
-  const int g_begin = static_cast<int>(static_cast<int64_t>(num_groups) * me / ctas);
-  const int g_end = static_cast<int>(static_cast<int64_t>(num_groups) * (me + 1) / ctas);
+  // Slices in use for this L: one more per 2 groups per CTA of a cluster
+  // (L = 2048 -> 16 groups -> one slice, merged in the cluster, no workspace
+  // round trip; from L = 32k on all 16 of TP8). Depends on L only: every
+  // cluster agrees, and the merge order stays fixed.
+  const int active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
+  if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
+  const int ctas = active * kCluster;
+  const int my_groups = num_groups > me ? (num_groups - 1 - me) / ctas + 1 : 0;
   const uint32_t smem_base = smem_addr(smem);
 
   // Per-thread softmax state of rows lane/4 (head 2w) and lane/4 + 8 (head 2w + 1),
@@ -237,20 +276,32 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   if (warp == kConsumerWarps) {
     // ---- producer ------------------------------------------------------------------
     const uint64_t policy = evict_first_policy();
-    const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
     const char* kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
     const int64_t page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
-    int ids = -1;
     bool bad = false;
-    for (int g = g_begin; g < g_end; ++g) {
-      const int it = g - g_begin;
+    // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
+    // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous batch is used.
+    auto load_batch = [&](int b) {
+      const int it2 = b + lane / 8;
+      const int pi = first_page + (me + it2 * ctas) * kGroupPages + lane % 8;
+      return (it2 < my_groups && pi <= last_page) ? bt[pi] : -1;
+    };
+    if (p.window != 0 && lane < kGroupPages && my_groups > 0 && first_page + me * kGroupPages + lane <= last_page)
+      ids0 = bt[first_page + me * kGroupPages + lane];
+    int ids = -1, ids_next = load_batch(1);
+    for (int it = 0; it < my_groups; ++it) {
+      const int g = me + it * ctas;
       const int st = it % kStages;
-      if ((it & 3) == 0) {
-        // One warp load of the page ids of the next 4 groups: lane -> (group + lane / 8, slot lane % 8).
-        const int pi = first_page + (g + lane / 8) * kGroupPages + lane % 8;
-        ids = (g + lane / 8 < g_end && pi <= last_page) ? bt[pi] : -1;
+      int id;
+      if (it == 0) {
+        id = ids0;
+      } else {
+        if (((it - 1) & 3) == 0) {
+          ids = ids_next;
+          ids_next = load_batch(it + 4);
+        }
+        id = __shfl_sync(0xFFFFFFFFu, ids, ((it - 1) & 3) * 8 + (lane & 7));
       }
-      const int id = __shfl_sync(0xFFFFFFFFu, ids, (it & 3) * 8 + (lane & 7));
       const bool want = lane < kGroupPages && first_page + g * kGroupPages + lane <= last_page;
       const bool ok = want && id >= 0 && id < p.num_pages;
       bad |= want && !ok;
@@ -265,25 +316,18 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
     if (bad) s_bad = 1;
   } else {
     // ---- consumers: warp w owns heads 2w, 2w + 1 -------------------------------------
-    // Q as m16k16 A fragments for the 4 k-steps: a0/a2 row lane/4 (head 2w),
-    // a1/a3 row lane/4 + 8 (head 2w + 1); a2/a3 are 8 columns further.
-    uint32_t qf[4][4];
-    {
-      const __nv_bfloat16* qrow = static_cast<const __nv_bfloat16*>(p.q) +
-                                  static_cast<int64_t>(req * kVerifyLen + lane / 4) * p.q_stride +
-                                  (kvh * kHeadsPerKvHead + 2 * warp) * kHeadDim + (lane % 4) * 2;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        qf[ks][0] = load_u32(qrow + ks * 16);
-        qf[ks][1] = load_u32(qrow + kHeadDim + ks * 16);
-        qf[ks][2] = load_u32(qrow + ks * 16 + 8);
-        qf[ks][3] = load_u32(qrow + kHeadDim + ks * 16 + 8);
-      }
+    for (int k = 0; k < 4; ++k) {
+      const int idx = k * 32 + lane, r = idx / 8, c = idx % 8;
+      *reinterpret_cast<uint4*>(&s_q[(warp * 16 + r) * kQStride + c * 8]) = qv[k];
     }
+    __syncwarp();
+    // This lane's ldmatrix row of the m16k16 Q fragments: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
+    const uint32_t q_addr = smem_addr(s_q) + (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * (kQStride * 2) + (lane / 16) * 16;
     const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
     const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
-    for (int g = g_begin; g < g_end; ++g) {
-      const int it = g - g_begin;
+    for (int it = 0; it < my_groups; ++it) {
+      const int g = me + it * ctas;
       const int st = it % kStages;
       mbar_wait(&full_bar[st], (it / kStages) & 1);
       // ldmatrix row address of this lane: page slot lane % 8 of the stage.
@@ -294,22 +338,24 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
       const bool masked = key0 + kGroupKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
 
       // S = Q K^T: n-tile t is key t of the 8 pages; column n = page slot.
+      // k-step outer: one Q fragment (4 registers) live at a time.
       float s[16][4];
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
-        uint32_t b[2][4];
-        ldmatrix_x4(b[0], slot + t * kKeyBytes + (lane / 8) * 16);        // dims 0..31
-        ldmatrix_x4(b[1], slot + t * kKeyBytes + (4 + lane / 8) * 16);    // dims 32..63
-        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-        mma_bf16(s[t], qf[0], b[0][0], b[0][1]);
-        mma_bf16(s[t], qf[1], b[0][2], b[0][3]);
-        mma_bf16(s[t], qf[2], b[1][0], b[1][1]);
-        mma_bf16(s[t], qf[3], b[1][2], b[1][3]);
+      for (int t = 0; t < 16; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t qf[4];
+        ldmatrix_x4(qf, q_addr + ks * 32);
+        // Matrices: (key 2tp, dims 16ks..), (key 2tp, dims 16ks + 8..), then key 2tp + 1.
+        const uint32_t krow = slot + (lane / 16) * kKeyBytes + (2 * ks + (lane / 8) % 2) * 16;
+#pragma unroll
+        for (int tp = 0; tp < 8; ++tp) {
+          uint32_t b[4];
+          ldmatrix_x4(b, krow + 2 * tp * kKeyBytes);
+          mma_bf16(s[2 * tp], qf, b[0], b[1]);
+          mma_bf16(s[2 * tp + 1], qf, b[2], b[3]);
+        }
       }
-#pragma unroll
-      for (int t = 0; t < 16; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] *= kScaleLog2;
       if (masked) {
 #pragma unroll
         for (int t = 0; t < 16; ++t)
@@ -320,21 +366,23 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
             s[t][e] = visible ? s[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
           }
       }
-      // Online softmax, rows r = 0 (c0, c1) and r = 1 (c2, c3).
+      // Online softmax on raw scores, rows r = 0 (c0, c1) and r = 1 (c2, c3):
+      // p = exp2(s * c - m * c) with c = scale * log2(e), one FFMA per score.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
         mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
       }
-      float mu[2];
+      float neg_mc[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
         const float m_new = fmaxf(m_run[r], mx[r]);
-        mu[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-        const float alpha = fast_exp2(m_run[r] - mu[r]);
+        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+        const float alpha = fast_exp2((m_run[r] - mu) * kScaleLog2);
+        neg_mc[r] = -mu * kScaleLog2;
         m_run[r] = m_new;
         l_run[r] *= alpha;
 #pragma unroll
@@ -345,10 +393,10 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
       }
 #pragma unroll
       for (int t = 0; t < 16; ++t) {
-        s[t][0] = fast_exp2(s[t][0] - mu[0]);
-        s[t][1] = fast_exp2(s[t][1] - mu[0]);
-        s[t][2] = fast_exp2(s[t][2] - mu[1]);
-        s[t][3] = fast_exp2(s[t][3] - mu[1]);
+        s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
+        s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
+        s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
+        s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
         l_run[0] += s[t][0] + s[t][1];
         l_run[1] += s[t][2] + s[t][3];
       }
@@ -405,7 +453,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
         *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
             make_float2(o[n][2 * r], o[n][2 * r + 1]);
       if (lane % 4 == 0) {
-        s_m[row] = m_run[r];
+        s_m[row] = m_run[r] * kScaleLog2;  // the merges work in the log2 domain
         s_l[row] = nan_rows ? NAN : l_run[r];
       }
     }
@@ -413,9 +461,6 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   cluster.sync();
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
-  const bool merger = threadIdx.x < kMergeRows * 16;
-  const int row = rank * kMergeRows + threadIdx.x / 16;
-  const int d = (threadIdx.x % 16) * 4;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float m_all = -INFINITY, l_all = 0.0f;
   if (merger) {
@@ -436,17 +481,14 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
       acc[3] += w * ov.w;
     }
   }
-  const int token = row % kVerifyLen, head = kvh * kHeadsPerKvHead + row / kVerifyLen;
-  const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
-  const __nv_bfloat16* gate_ptr = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + head * kHeadDim + d;
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
-  if (p.num_splits == 1) {
+  if (active == 1) {
     cluster.sync();  // no CTA leaves while others read its shared memory
     if (merger) {
       const float inv = 1.0f / l_all;
       const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
-      finish_row(ov, gate_ptr, out_ptr);
+      finish_row(ov, gate_v, out_ptr);
     }
     return;
   }
@@ -467,7 +509,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   cluster.sync();  // the cluster's partial is written (and no one reads shared memory any more)
   if (rank == 0 && threadIdx.x == 0) {
     const int before = atomicAdd(&counters[pair], 1);
-    const int last = before == p.num_splits - 1;
+    const int last = before == active - 1;
     if (last) atomicExch(&counters[pair], 0);  // ready for the next launch
     __threadfence();
 #pragma unroll 1
@@ -479,10 +521,10 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   // Merge every slice of this row in slice order.
   float m_max = -INFINITY;
 #pragma unroll 4
-  for (int z = 0; z < p.num_splits; ++z) m_max = fmaxf(m_max, __ldcg(&ws_ml[slice0 + z * kRows + row]).x);
+  for (int z = 0; z < active; ++z) m_max = fmaxf(m_max, __ldcg(&ws_ml[slice0 + z * kRows + row]).x);
   float l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
-  for (int z = 0; z < p.num_splits; ++z) {
+  for (int z = 0; z < active; ++z) {
     const int64_t at = slice0 + z * kRows + row;
     const float2 ml = __ldcg(&ws_ml[at]);
     const float4 ov = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
@@ -495,7 +537,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   }
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
-  finish_row(ov, gate_ptr, out_ptr);
+  finish_row(ov, gate_v, out_ptr);
 }
 
 template <int kCluster>
@@ -520,6 +562,10 @@ cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
 template <int kCluster>
 cudaError_t set_attributes() {
   cudaError_t err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  // The whole unified L1/shared array as shared memory: two CTAs per SM need 2 x 99.3 KB.
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
   if (err == cudaSuccess && kCluster > 8)
     err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   return err;
@@ -556,6 +602,17 @@ int attn2_set_kernel_attributes(int* short_cluster_size) {
   // Clusters of 16 are non-portable: take them only where the GPU can place one.
   *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
   return 0;
+}
+int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
+  cudaError_t err = cudaErrorInvalidValue;
+  if (cluster_size == 8) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<8>, kThreads, kSmemBytes);
+    *max_clusters = max_active_clusters<8>();
+  } else if (cluster_size == 16) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<16>, kThreads, kSmemBytes);
+    *max_clusters = max_active_clusters<16>();
+  }
+  return static_cast<int>(err);
 }
 }  // namespace detail
 

@@ -263,6 +263,7 @@ namespace muse_decode {
 int launch_attn2(const Attn2Params&, Stream) { return 801; }
 namespace detail {
 int attn2_set_kernel_attributes(int*) { return 801; }
+int attn2_occupancy(int, int*, int*) { return 801; }
 }  // namespace detail
 }  // namespace muse_decode
 #endif

@@ -35,18 +35,36 @@
 namespace muse_decode {
 namespace {
 
+// Tuning knobs, for timing experiments (bench/NOTES-qkv_front.md); the
+// library is built with the defaults.
+#ifndef MUSE_QKV_FRONT_STAGES
+#define MUSE_QKV_FRONT_STAGES 10
+#endif
+#ifndef MUSE_QKV_FRONT_L2_PROMOTION  // CUtensorMapL2promotion of the weight: 0 none .. 3 256 B
+#define MUSE_QKV_FRONT_L2_PROMOTION 0   // none: TP1 74.2 us against 78.4 with 256 B (H200, NOTES)
+#endif
+// MUSE_QKV_FRONT_DIAG_SKIP_TAIL / MUSE_QKV_FRONT_DIAG_NO_X: timing
+// experiments only (wrong results): skip the split-K merge and the epilogue /
+// skip the x copies (the MMAs read stale shared memory).
+
 constexpr int kConsumerWarps = 4;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
-constexpr int kThreads = kConsumerThreads + 32;  // + one producer warp
-constexpr int kStages = 10;
+constexpr int kProducerWarp = kConsumerWarps;     // lane 0 issues every copy
+constexpr int kStagingWarp = kConsumerWarps + 1;  // loads the epilogue's per-token inputs
+constexpr int kThreads = kConsumerThreads + 64;
+constexpr int kStages = MUSE_QKV_FRONT_STAGES;
 constexpr int kWBytes = kFrontTileRows * kFrontBlockK * 2;  // 8 KB: one TMA box of the weight
 constexpr int kXRowsMax = kFrontMaxTokens;                  // x box: 8 or 16 token rows
 constexpr int kXBytes = kXRowsMax * kFrontBlockK * 2;       // 2 KB reserved per stage
 constexpr int kStageBytes = kWBytes + kXBytes;
 constexpr int kYStride = kFrontTileRows + 4;  // floats per token row of the epilogue tile (no bank conflicts)
 constexpr int kYBytes = kFrontMaxTokens * kYStride * 4;
-constexpr int kBarrierOffset = kStages * kStageBytes + kYBytes;
-constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + 2 * kStages * 8 + 16;
+// Per-token epilogue inputs, staged once per CTA: cos | sin of the token's
+// position (64 floats) and its slot.
+constexpr int kRopeOffset = kStages * kStageBytes + kYBytes;
+constexpr int kSlotOffset = kRopeOffset + kFrontMaxTokens * kHeadDim * 4;
+constexpr int kBarrierOffset = kSlotOffset + kFrontMaxTokens * 8;
+constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
 
 static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
 static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
@@ -148,9 +166,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   float* ybuf = reinterpret_cast<float*>(smem + kStages * kStageBytes);
+  float* s_rope = reinterpret_cast<float*>(smem + kRopeOffset);      // [T][64]: cos | sin
+  int64_t* s_slot = reinterpret_cast<int64_t*>(smem + kSlotOffset);  // [T]
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + kStages;
-  int* s_last = reinterpret_cast<int*>(empty + kStages);
+  uint64_t* staged = empty + kStages;  // the epilogue inputs are in s_rope / s_slot
+  int* s_last = reinterpret_cast<int*>(staged + 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kvh = p.num_kv_heads;
@@ -164,6 +185,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       mbar_init(smem_addr(&full[s]), 1);
       mbar_init(smem_addr(&empty[s]), kConsumerWarps);
     }
+    mbar_init(smem_addr(staged), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -171,10 +193,48 @@ __global__ void __launch_bounds__(kThreads, 2)
   // own weights before its griddepcontrol.wait, which waits for all of this grid.
   allow_dependent_grid();
 
+#ifdef MUSE_QKV_FRONT_DIAG_NO_X
+  constexpr uint32_t kTxBytes = kWBytes;
+#else
   constexpr uint32_t kTxBytes = kWBytes + NT * 8 * kFrontBlockK * 2;
-  if (warp == kConsumerWarps) {
-    // ---- producer: one thread streams the CTA's blocks through the ring ----
-    if (lane == 0) {
+#endif
+  if (warp == kStagingWarp) {
+    // Stage the epilogue's per-token inputs (cos | sin of each position,
+    // clamped into the table, and the slots) in shared memory, so that the
+    // tail of the kernel reads no global memory but the split-K partials. A
+    // warp of its own: the producer must never wait behind these loads (run
+    // 2 in NOTES: done by the producer warp's idle lanes, they delayed the
+    // producer by ~0.6 us per token).
+    wait_for_producer_grid();
+    const int T = p.num_tokens;
+    int64_t pos = 0;
+    if (lane < T) {
+      pos = p.positions[lane];
+      pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;
+      s_slot[lane] = p.slot_mapping[lane];
+    }
+    if (p.cos_sin != nullptr) {
+      float c[kFrontMaxTokens], sn[kFrontMaxTokens];
+#pragma unroll
+      for (int t = 0; t < kFrontMaxTokens; ++t) {  // all loads in flight before the first store
+        const int64_t row = __shfl_sync(0xFFFFFFFFu, pos, t);
+        c[t] = t < T ? p.cos_sin[row * kHeadDim + lane] : 0.0f;
+        sn[t] = t < T ? p.cos_sin[row * kHeadDim + kHeadDim / 2 + lane] : 0.0f;
+      }
+#pragma unroll
+      for (int t = 0; t < kFrontMaxTokens; ++t) {
+        s_rope[t * kHeadDim + lane] = c[t];
+        s_rope[t * kHeadDim + kHeadDim / 2 + lane] = sn[t];
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(staged));
+    return;
+  }
+  if (warp == kProducerWarp) {
+    if (lane != 0) return;
+    // ---- lane 0, the producer: streams the CTA's blocks through the ring ----
+    {
       prefetch_tensor_map(&w_map);
       prefetch_tensor_map(&x_map);
       const int n = static_cast<int>(b_end - b_begin);
@@ -187,11 +247,13 @@ __global__ void __launch_bounds__(kThreads, 2)
                     static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
       }
       wait_for_producer_grid();  // x is the previous kernel's output
+#ifndef MUSE_QKV_FRONT_DIAG_NO_X
       for (int i = 0; i < pre; ++i) {
         const int64_t b = b_begin + i;
         tma_load_2d(smem_addr(smem + i * kStageBytes + kWBytes), &x_map, smem_addr(&full[i]),
                     static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK, 0);
       }
+#endif
       int s = 0;
       uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
       for (int i = kStages; i < n; ++i) {
@@ -201,7 +263,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         const uint32_t stage = smem_addr(smem + s * kStageBytes);
         mbar_expect_tx(smem_addr(&full[s]), kTxBytes);
         tma_load_2d(stage, &w_map, smem_addr(&full[s]), k0, static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
+#ifndef MUSE_QKV_FRONT_DIAG_NO_X
         tma_load_2d(stage + kWBytes, &x_map, smem_addr(&full[s]), k0, 0);
+#endif
         if (++s == kStages) {
           s = 0;
           phase ^= 1u;
@@ -228,6 +292,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   int s = 0;
   uint32_t phase = 0;
+  bool inputs_staged = false;
   int64_t b = b_begin;
   while (b < b_end) {
     const int tile = static_cast<int>(b / kFrontBlocksPerTile);
@@ -265,6 +330,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
+#ifdef MUSE_QKV_FRONT_DIAG_SKIP_TAIL
+    if (tile >= 0) continue;
+#endif
     if (!whole) {
       // Publish this CTA's partial of the tile; the last of the tile's CTAs
       // sums all of them in CTA order.
@@ -272,18 +340,23 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
         __stcg(&mine[tid * 2 + nt], make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]));
-      __threadfence();
+      // The cooperative-groups grid-sync pattern: the barrier orders the
+      // CTA's stores before thread 0's fence and arrival, and the arrival
+      // that completes the count orders every partial before the reads.
       consumer_sync();
       const int first = owner_of(tile_begin, blocks, ctas), last = owner_of(tile_end - 1, blocks, ctas);
       if (tid == 0) {
+        __threadfence();
         const uint32_t arrived = atomicAdd(&counters[tile], 1u);
         const int is_last = arrived == static_cast<uint32_t>(last - first);
-        if (is_last) counters[tile] = 0u;  // ready for the next launch
+        if (is_last) {
+          counters[tile] = 0u;  // ready for the next launch
+          __threadfence();
+        }
         *s_last = is_last;
       }
       consumer_sync();
       if (!*s_last) continue;
-      __threadfence();
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
       for (int c = first; c <= last; ++c) {
@@ -309,6 +382,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       ybuf[(tok + 1) * kYStride + row + 8] = acc[nt][3];
     }
     consumer_sync();
+    if (!inputs_staged) {
+      mbar_wait(smem_addr(staged), 0);
+      inputs_staged = true;
+    }
     const int q_heads = kHeadsPerKvHead * kvh;
     // 0: q, 1: k, 2: v, 3: gate
     const int kind = tile < q_heads ? 0 : tile < q_heads + kvh ? 1 : tile < q_heads + 2 * kvh ? 2 : 3;
@@ -325,10 +402,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         y0 *= r;
         y1 *= r;
         if (p.cos_sin != nullptr) {
-          int64_t pos = p.positions[t];
-          pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;  // never read outside the table
-          const float* cs = p.cos_sin + pos * kHeadDim;
-          const float c = cs[lane], sn = cs[kHeadDim / 2 + lane];
+          const float c = s_rope[t * kHeadDim + lane], sn = s_rope[t * kHeadDim + kHeadDim / 2 + lane];
           const float r0 = y0 * c - y1 * sn, r1 = y0 * sn + y1 * c;
           y0 = r0;
           y1 = r1;
@@ -338,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride + tile * kFrontTileRows;
       reinterpret_cast<__nv_bfloat162*>(out)[lane] = v;
       if (kind == 1 || kind == 2) {
-        const int64_t slot = p.slot_mapping[t];
+        const int64_t slot = s_slot[t];
         if (slot >= 0 && slot < p.num_slots) {
           const int64_t row = ((slot / kPageSize) * kvh + kv_head) * kPageSize + slot % kPageSize;
           __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv_cache) + row * kCacheRowWidth + (kind == 2 ? kHeadDim : 0);
@@ -374,7 +448,8 @@ bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stri
   const cuuint32_t box[2] = {kFrontBlockK, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem_strides[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                static_cast<CUtensorMapL2promotion>(MUSE_QKV_FRONT_L2_PROMOTION),
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -413,6 +488,12 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int prepare_qkv_front() {
+  if (!encode_tiled()) return static_cast<int>(cudaErrorNotSupported);
+  if (cudaError_t err = prepare_kernel<1>()) return static_cast<int>(err);
+  return static_cast<int>(prepare_kernel<2>());
+}
 
 int launch_qkv_front(const QkvFrontParams& p, Stream stream) {
   if (p.num_tokens < 1 || p.num_tokens > kFrontMaxTokens || p.num_ctas < 1 || p.workspace == nullptr)

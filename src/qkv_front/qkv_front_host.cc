@@ -344,6 +344,7 @@ void qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& pos
 // A build without CUDA keeps the host API and answers the launch with
 // cudaErrorNotSupported.
 namespace muse_decode {
+int prepare_qkv_front() { return 801; }
 int launch_qkv_front(const QkvFrontParams&, Stream) { return 801; }
 }  // namespace muse_decode
 #endif

@@ -27,6 +27,25 @@ static_assert(kThreads == kNumExperts, "metadata phase: one thread per local exp
 static_assert(kTopK == 8 && kNumExperts == 32 * 8, "each lane holds 8 of the 256 experts");
 constexpr unsigned kAll = 0xFFFFFFFFu;
 
+// Development aid: with MUSE_ROUTE_PROFILE defined, thread 0 records the SM
+// clock and the global timer at each phase (scripts/dev/route_profile.cu).
+#ifdef MUSE_ROUTE_PROFILE
+__device__ long long g_route_stamps[2][16];
+#define ROUTE_STAMP(i)                                                                  \
+  do {                                                                                 \
+    if (threadIdx.x == 0) {                                                            \
+      long long t;                                                                     \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                          \
+      g_route_stamps[0][i] = clock64();                                                \
+      g_route_stamps[1][i] = t;                                                        \
+    }                                                                                  \
+  } while (0)
+#else
+#define ROUTE_STAMP(i) \
+  do {                 \
+  } while (0)
+#endif
+
 // The key as an unsigned integer of the same order: NaN above every number
 // (as torch.topk ranks it), -0 equal to +0.
 __device__ __forceinline__ uint32_t order_key(float key) {
@@ -87,6 +106,52 @@ __device__ __forceinline__ int lane_prefix(int x, int lane) {
   return incl - x;
 }
 
+// The general case of steps B and C: equal keys among the top 8 or at the
+// 8th (exact ties, NaN). Of the keys equal to the 8th, the lowest experts are
+// taken; then the winners are ordered by key, then expert. Expert order:
+// first halves (i < 4) lane by lane, then second halves.
+__device__ __forceinline__ void select_with_ties(const uint32_t (&key)[8], const uint32_t (&top)[8], int lane,
+                                              uint64_t* pick, int* ids) {
+  const uint32_t last = top[7];
+  int above = 0;  // keys strictly above the 8th
+#pragma unroll
+  for (int k = 0; k < 7; ++k) above += top[k] > last;
+  uint32_t eq_lo = 0, eq_hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    eq_lo |= static_cast<uint32_t>(key[i] == last) << i;
+    eq_hi |= static_cast<uint32_t>(key[i + 4] == last) << i;
+  }
+  const int before_lo = lane_prefix(__popc(eq_lo), lane);
+  const int total_lo = __shfl_sync(kAll, before_lo + __popc(eq_lo), 31);
+  const int before_hi = total_lo + lane_prefix(__popc(eq_hi), lane);
+  uint32_t selected = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t eq = i < 4 ? eq_lo : eq_hi;
+    const int tie_rank = (i < 4 ? before_lo : before_hi) + __popc(eq & ((1u << (i & 3)) - 1u));
+    if (key[i] > last || (key[i] == last && tie_rank < 8 - above)) selected |= 1u << i;
+  }
+  // Compact the 8 winners as (key, 255 - expert) words, then lane k < 8 finds
+  // the slot of winner k by counting the winners that rank before it.
+  const int slot0 = lane_prefix(__popc(selected), lane);
+#pragma unroll
+  for (int i = 0, n = 0; i < 8; ++i) {
+    if (selected & (1u << i)) {
+      const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
+      pick[slot0 + n++] = (static_cast<uint64_t>(key[i]) << 32) | static_cast<uint32_t>(kNumExperts - 1 - e);
+    }
+  }
+  __syncwarp();
+  if (lane < kTopK) {
+    const uint64_t mine = pick[lane];
+    int rank = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) rank += pick[k] > mine;
+    ids[rank] = kNumExperts - 1 - static_cast<int>(mine & 0xFFFFFFFFu);
+  }
+}
+
 __device__ __forceinline__ void wait_for_producer() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -106,8 +171,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   __shared__ uint32_t s_tokens[kNumExperts];     // bit t: token t routes to local expert j
   __shared__ int s_cta_off[kNumExperts];         // first CTA of local expert j
   __shared__ int s_cta_expert[kMaxRoutes];       // local expert of CTA g (at most one CTA per route)
-  __shared__ int s_warp_sum[kThreads / 32];
+  __shared__ unsigned s_warp_ballot[kThreads / 32];
 
+  ROUTE_STAMP(9);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The bias does not depend on the previous kernel: load it before waiting.
   const float4 b0 = reinterpret_cast<const float4*>(p.bias)[lane];
@@ -118,11 +184,13 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   }
   wait_for_producer();
   allow_dependents();
+  ROUTE_STAMP(0);
 
   if (warp < p.num_tokens) {
     const float4* row = reinterpret_cast<const float4*>(p.logits + warp * p.logits_stride);
     const float4 x0 = row[lane], x1 = row[32 + lane];
     const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    ROUTE_STAMP(1);
     const float bias[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
     uint32_t key[8];
 #pragma unroll
@@ -138,49 +206,35 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 #pragma unroll
     for (int i = 0; i < 8; ++i) top[i] = key[i];
     sort8_desc(top);
+    ROUTE_STAMP(2);
 #pragma unroll
     for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(top, mask);
     const uint32_t last = top[7];
-    int above = 0;  // keys strictly above the 8th
+    ROUTE_STAMP(3);
+    // Fast path, the usual case: the top 8 keys are distinct and no other
+    // expert shares the 8th. An expert is then selected iff its key >= the 8th,
+    // and its slot is the number of top keys above it: no cross-lane work.
+    bool distinct = true;
+    int n_last = 0;
 #pragma unroll
-    for (int k = 0; k < 7; ++k) above += top[k] > last;
-    // B: of the keys equal to the 8th, the 8 - above lowest experts. Expert
-    // order: first halves (i < 4) lane by lane, then second halves.
-    uint32_t eq_lo = 0, eq_hi = 0;
+    for (int k = 0; k < 7; ++k) distinct &= top[k] > top[k + 1];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      eq_lo |= static_cast<uint32_t>(key[i] == last) << i;
-      eq_hi |= static_cast<uint32_t>(key[i + 4] == last) << i;
-    }
-    const int before_lo = lane_prefix(__popc(eq_lo), lane);
-    const int total_lo = __shfl_sync(kAll, before_lo + __popc(eq_lo), 31);
-    const int before_hi = total_lo + lane_prefix(__popc(eq_hi), lane);
-    uint32_t selected = 0;
+    for (int i = 0; i < 8; ++i) n_last += key[i] == last;
+    n_last = __reduce_add_sync(kAll, n_last);
+    if (distinct && n_last == 1) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t eq = i < 4 ? eq_lo : eq_hi;
-      const int tie_rank = (i < 4 ? before_lo : before_hi) + __popc(eq & ((1u << (i & 3)) - 1u));
-      if (key[i] > last || (key[i] == last && tie_rank < 8 - above)) selected |= 1u << i;
-    }
-    // C: compact the 8 winners (key, 255 - expert) into shared memory, then
-    // lane k < 8 finds the slot of winner k by counting the winners before it.
-    const int slot0 = lane_prefix(__popc(selected), lane);
+      for (int i = 0; i < 8; ++i) {
+        if (key[i] >= last) {
+          int slot = 0;
 #pragma unroll
-    for (int i = 0, n = 0; i < 8; ++i) {
-      if (selected & (1u << i)) {
-        const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
-        s_pick[warp][slot0 + n++] =
-            (static_cast<uint64_t>(key[i]) << 32) | static_cast<uint32_t>(kNumExperts - 1 - e);
+          for (int k = 0; k < 8; ++k) slot += top[k] > key[i];
+          s_ids[warp][slot] = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
+        }
       }
+    } else {
+      select_with_ties(key, top, lane, s_pick[warp], s_ids[warp]);
     }
-    __syncwarp();
-    if (lane < kTopK) {
-      const uint64_t mine = s_pick[warp][lane];
-      int rank = 0;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) rank += s_pick[warp][k] > mine;
-      s_ids[warp][rank] = kNumExperts - 1 - static_cast<int>(mine & 0xFFFFFFFFu);
-    }
+    ROUTE_STAMP(4);
     __syncwarp();
     // Every lane reads the 8 ids in slot order (step 3) and sums left to right.
     float sum = 0.0f;
@@ -190,6 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       sum = k == 0 ? score : __fadd_rn(sum, score);  // step 4: left to right
     }
     const float denom = __fadd_rn(sum, kRouteDivisionEps);
+    ROUTE_STAMP(5);
     if (lane < kTopK) {
       const int id = s_ids[warp][lane];
       const float s = s_score[warp][id];
@@ -205,40 +260,37 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 
   // ---- metadata: thread j owns local expert j --------------------------------
   __syncthreads();
+  ROUTE_STAMP(6);
   const int j = threadIdx.x;
   const int tile = p.tile_n;
   const uint32_t tokens = j < p.num_local_experts ? s_tokens[j] : 0u;
   const int count = __popc(tokens);
-  const int ncta = (count + tile - 1) / tile;
-  // Exclusive scan of ncta over experts (ascending): warp scan, then warp totals.
-  int incl = ncta;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int up = __shfl_up_sync(0xFFFFFFFFu, incl, d);
-    if (lane >= d) incl += up;
-  }
-  if (lane == 31) s_warp_sum[warp] = incl;
+  // count <= num_tokens <= 8 <= tile_n: an expert with routes has exactly one
+  // CTA, so CTA offsets are a prefix count of experts with routes (ballots).
+  static_assert(kRouteMaxTokens <= 8, "one CTA per local expert needs count <= the smallest tile_n (8)");
+  const unsigned has_routes = __ballot_sync(kAll, count != 0);
+  if (lane == 0) s_warp_ballot[warp] = has_routes;
   __syncthreads();
-  int before = 0, total = 0;
+  int cta_off = __popc(has_routes & ((1u << lane) - 1u)), total = 0;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) {
-    before += w < warp ? s_warp_sum[w] : 0;
-    total += s_warp_sum[w];
+    const int c = __popc(s_warp_ballot[w]);
+    cta_off += w < warp ? c : 0;
+    total += c;
   }
-  const int cta_off = before + incl - ncta;
   s_cta_off[j] = cta_off;
   int32_t* const md = p.metadata;
-  for (int c = 0; c < ncta; ++c) {
-    const int g = cta_off + c;
-    s_cta_expert[g] = j;
-    md[kMetaCtaBatch + g] = j;
-    md[kMetaCtaLimit + g] = min((g + 1) * tile, cta_off * tile + count);
+  if (count != 0) {
+    s_cta_expert[cta_off] = j;
+    md[kMetaCtaBatch + cta_off] = j;
+    md[kMetaCtaLimit + cta_off] = cta_off * tile + count;  // = min((g + 1) * tile, ...) as count <= tile
   }
   if (j == 0) {
     md[kMetaNumCtas] = total;
     md[kMetaPaddedTokens] = total * tile;
   }
   __syncthreads();
+  ROUTE_STAMP(7);
   // expanded_idx_to_permuted_idx: route r = t * 8 + k.
   const int routes = p.num_tokens * kTopK;
   if (j < routes) {
@@ -249,19 +301,26 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       permuted = s_cta_off[e] * tile + __popc(s_tokens[e] & ((1u << t) - 1u));
     md[kMetaExpandedToPermuted + j] = permuted;
   }
-  // permuted_idx_to_token_idx for every row below total * tile (-1: padding).
-  for (int r = j; r < total * tile; r += kThreads) {
-    const int e = s_cta_expert[r / tile];
-    const int within = r - s_cta_off[e] * tile;
-    uint32_t rest = s_tokens[e];
-    int token = -1;
-    for (int n = 0; rest != 0u; ++n) {
-      const int t = __ffs(rest) - 1;
-      if (n == within) { token = t; break; }
-      rest &= rest - 1u;
+  // permuted_idx_to_token_idx for every row below total * tile, 16 bytes per
+  // store: CTA g's first count rows are its tokens ascending, the rest -1.
+  const int quads_log2 = __ffs(tile) - 3;  // log2(tile / 4)
+  int4* const rows = reinterpret_cast<int4*>(md + kMetaPermutedToToken);
+  for (int v = j; v < (total << quads_log2); v += kThreads) {
+    const int g = v >> quads_log2;
+    const int r0 = (v - (g << quads_log2)) * 4;
+    int out[4] = {-1, -1, -1, -1};
+    if (r0 < kRouteMaxTokens) {
+      uint32_t m = s_tokens[s_cta_expert[g]];
+      for (int i = 0; i < r0; ++i) m &= m - 1u;  // drop the tokens of earlier rows
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        out[q] = m ? __ffs(m) - 1 : -1;
+        m &= m - 1u;
+      }
     }
-    md[kMetaPermutedToToken + r] = token;
+    rows[(g << quads_log2) + (r0 >> 2)] = make_int4(out[0], out[1], out[2], out[3]);
   }
+  ROUTE_STAMP(8);
 }
 
 }  // namespace

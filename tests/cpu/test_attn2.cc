@@ -282,7 +282,7 @@ TEST(Attn2Check, WorkspaceAndOverlapReasons) {
   c = Call();
   c.a.workspace = md::make_tensor(addr(0x5000000), DType::kInt32, {1000});
   EXPECT_EQ(c.check(),
-            "workspace must be at least 270592 bytes (attn2_workspace_bytes(1, 2, 16)), got 4000 bytes");
+            "workspace must be at least 540928 bytes (attn2_workspace_bytes(1, 2, 16)), got 4000 bytes");
   c = Call();
   c.a.workspace.device = -1;
   EXPECT_EQ(c.check(), "workspace must be on a CUDA device, got host memory");
@@ -352,7 +352,7 @@ double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 TEST(Attn2Reference, ZeroQueryAveragesTheVisibleValues) {
   // q = 0: every visible key has the same score, so o is the mean of the
-  // visible V rows; V[j][d] = j + d / 64 makes the mean (lo + p) / 2 + d / 64.
+  // visible V rows; V[j][d] = j + (d % 2) / 2 makes the mean (lo + p) / 2 + (d % 2) / 2.
   for (int window : {0, 3, 20}) {
     HostProblem h(2, {40, 8}, 4);
     for (int r = 0; r < 2; ++r)
@@ -360,7 +360,7 @@ TEST(Attn2Reference, ZeroQueryAveragesTheVisibleValues) {
         for (int j = 0; j < h.lens[r]; ++j)
           for (int d = 0; d < 64; ++d) {
             h.key(r, kv, j)[d] = bf16_bits(float(d % 5) - 2.0f);      // K: irrelevant
-            h.key(r, kv, j)[64 + d] = bf16_bits(float(j) + d / 64.0f);  // exact in bf16
+            h.key(r, kv, j)[64 + d] = bf16_bits(float(j) + (d % 2) * 0.5f);  // exact in bf16
           }
     for (auto& g : h.gate) g = bf16_bits(0.5f);
     std::vector<double> out(2 * 8 * 1024);
@@ -370,7 +370,10 @@ TEST(Attn2Reference, ZeroQueryAveragesTheVisibleValues) {
         const int pos = h.lens[r] - 8 + i;
         const int lo = window ? std::max(0, pos - window + 1) : 0;
         double o[64], ms = 0;
-        for (int d = 0; d < 64; ++d) ms += (o[d] = (lo + pos) / 2.0 + d / 64.0) * o[d];
+        for (int d = 0; d < 64; ++d) {
+          o[d] = (lo + pos) / 2.0 + (d % 2) * 0.5;
+          ms += o[d] * o[d];
+        }
         const double rms = 1.0 / std::sqrt(ms / 64 + 1e-5);
         for (int h2 = 0; h2 < 16; ++h2)
           for (int d = 0; d < 64; ++d)
@@ -422,11 +425,14 @@ TEST(Attn2Reference, SoftmaxOfTwoKeysAndPageIndirection) {
     EXPECT_NEAR(out[g * 64 + 0], 0.5 * hi * rms, 1e-12);
     EXPECT_NEAR(out[g * 64 + 63], 0.5 * lo * rms, 1e-12);
   }
-  // The same keys behind another page order give the same answer.
+  // The same keys behind another page id (NaN in the page no longer used) give the same answer.
   HostProblem s = h;
-  std::swap(s.table[0], s.table[1]);
-  for (int j = 0; j < 16; ++j)
-    for (int c = 0; c < 128; ++c) std::swap(s.cache[j * 128 + c], s.cache[(16 + j) * 128 + c]);
+  s.cache.resize(2 * 16 * 128);
+  for (int e = 0; e < 16 * 128; ++e) {
+    s.cache[16 * 128 + e] = s.cache[e];
+    s.cache[e] = 0x7FC0;  // NaN
+  }
+  s.table[0] = 1;
   std::vector<double> out2(8 * 512);
   md::reference::attn2(s.inputs(0), 1, out2.data(), 512);
   EXPECT_EQ(out, out2);

@@ -107,9 +107,9 @@ def routing_check(logits=None, ids=None, weights=None, meta=None):
     ids = ids or FakeTensor([4, 8], "int32", ptr=0x30000)
     weights = weights or FakeTensor([4, 8], ptr=0x40000)
     if meta is None:
-        r._impl.check(logits, ids, weights)
+        r.check(logits, ids, weights)
     else:
-        r._impl.check(logits, ids, weights, meta.buffer, meta.local_expert_offset, meta.num_local_experts, meta.tile_n)
+        r.check(logits, ids, weights, meta.buffer, meta.local_expert_offset, meta.num_local_experts, meta.tile_n)
 
 
 def good_meta(**over):
