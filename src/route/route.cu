@@ -195,8 +195,10 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
-      // SPEC step 1: accurate expf and an IEEE division, as torch.sigmoid on CUDA.
-      const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x[i])));
+      // SPEC step 1 as torch.sigmoid on CUDA: accurate expf, then 1 / y
+      // correctly rounded; __frcp_rn is that same IEEE result (1 / y rounded
+      // to nearest) without the general division's subroutine call.
+      const float s = __frcp_rn(__fadd_rn(1.0f, expf(-x[i])));
       s_score[warp][e] = s;
       key[i] = order_key(__fadd_rn(s, bias[i]));  // step 2: one fp32 add
     }
