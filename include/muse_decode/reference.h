@@ -2,4 +2,5 @@
 // usable on any machine.
 #pragma once
 
+#include "muse_decode/reference/qkv_front.h"
 #include "muse_decode/reference/route.h"

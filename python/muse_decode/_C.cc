@@ -11,6 +11,7 @@ using namespace nb::literals;
 
 namespace muse_decode::python {
 void bind_route(nb::module_& m);
+void bind_qkv_front(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -24,4 +25,5 @@ NB_MODULE(_C, m) {
       "device"_a = -1);
   m.def("describe_device", &describe_device, "device"_a = -1);
   python::bind_route(m);
+  python::bind_qkv_front(m);
 }

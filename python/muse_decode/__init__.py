@@ -25,6 +25,16 @@ from .routing import (
     metadata_size,
     unsupported_router,
 )
+from .front import (
+    launch_qkv_front,
+    prepare_qkv_front,
+    qkv_front_workspace_bytes,
+    split_qkv,
+    supports_call,
+    supports_shape,
+    unsupported_call,
+    unsupported_projection,
+)
 from .platform import gpu_family, sm90, sm100_family, supported_gpu
 
 __version__ = "0.1.0"
@@ -42,6 +52,14 @@ __all__ = [
     "RoutingMetadata",
     "fold_router_output_multiplier",
     "gpu_family",
+    "launch_qkv_front",
+    "prepare_qkv_front",
+    "qkv_front_workspace_bytes",
+    "split_qkv",
+    "supports_call",
+    "supports_shape",
+    "unsupported_call",
+    "unsupported_projection",
     "metadata_size",
     "sm90",
     "sm100_family",

@@ -173,3 +173,49 @@ def test_routing_call_accepts_good_arguments():
 def test_not_a_tensor():
     with pytest.raises(ValueError, match="^logits must be a tensor"):
         routing_check(logits=object())
+
+
+def test_front_names_and_shapes():
+    for name in ["split_qkv", "supports_call", "supports_shape", "launch_qkv_front", "unsupported_projection",
+                 "qkv_front_workspace_bytes", "prepare_qkv_front"]:
+        assert hasattr(md, name), name
+    assert md.supports_shape(2304, 2) and md.supports_shape(18432, 16)
+    assert not md.supports_shape(2304, 4) and not md.supports_shape(2300, 2)
+
+
+def front_call(**over):
+    args = dict(
+        x=FakeTensor([8, 8192], "bfloat16", ptr=0x100000),
+        weight=FakeTensor([2304, 8192], "bfloat16", ptr=0x10000000),
+        positions=FakeTensor([8], "int64", ptr=0x200000),
+        cos_sin=FakeTensor([4096, 64], "float32", ptr=0x300000),
+        slot_mapping=FakeTensor([8], "int64", ptr=0x400000),
+        kv_cache=FakeTensor([64, 2, 16, 128], "bfloat16", ptr=0x20000000),
+        num_kv_heads=2,
+        out=FakeTensor([8, 2304], "bfloat16", ptr=0x500000),
+    )
+    args.update(over)
+    return md.unsupported_call(args["x"], args["weight"], args["positions"], args["cos_sin"], args["slot_mapping"],
+                               args["kv_cache"], args["num_kv_heads"], args["out"])
+
+
+def test_front_call_reasons():
+    # Without a GPU the last check (the GPU family) refuses even a good call.
+    good = front_call()
+    assert good is None or "GPU" in good or "SM90" in good
+    assert front_call(x=FakeTensor([8, 8192], "float32", ptr=0x100000)).startswith("x must be")
+    assert "x" in front_call(x=FakeTensor([17, 8192], "bfloat16", ptr=0x100000))
+    assert "x" in front_call(x=FakeTensor([0, 8192], "bfloat16", ptr=0x100000))
+    assert "cos_sin" in front_call(cos_sin=FakeTensor([4096, 32], "float32", ptr=0x300000))
+    assert "weight" in front_call(weight=FakeTensor([2300, 8192], "bfloat16", ptr=0x10000000))
+
+
+def test_split_qkv_refuses_a_wrong_width():
+    class T2:
+        shape = (8, 2300)
+
+        def dim(self):
+            return 2
+
+    with pytest.raises(ValueError, match=r"^qkv must be \[tokens, 2304\] for 2 KV heads, got \[8, 2300\]$"):
+        md.split_qkv(T2(), 2)
