@@ -16,8 +16,12 @@
 // - Programmatic dependent launch: the weight does not depend on the previous
 //   kernel, so the producer issues the first 10 blocks before
 //   griddepcontrol.wait; x, positions, slots and every write come after it.
-//   The CTA uses 105 KB of shared memory, so the next kernel's CTA fits beside
-//   it and can start its own weight stream while this one finishes.
+//   The CTA uses 110 KB of shared memory, so the next kernel's CTA fits beside
+//   it and can start its own weight stream while this one finishes. A sixth
+//   warp stages each token's cos/sin row and slot in shared memory, so the
+//   epilogue in the kernel's tail reads nothing from global memory.
+// Measured (bench/NOTES-qkv_front.md): TP1 72.4-74.3 us (floor 71.9), TP8
+// 13.3-13.6 us (floor 9.0): the split-K merge at the end costs ~3.6 us there.
 // - A head cut between CTAs is summed in CTA (= K) order by the last CTA to
 //   arrive (partials in the workspace, an integer arrival counter): the bits
 //   do not depend on arrival order. That CTA then applies the epilogue: the
