@@ -2,5 +2,6 @@
 // usable on any machine.
 #pragma once
 
+#include "muse_decode/reference/attn2.h"
 #include "muse_decode/reference/qkv_front.h"
 #include "muse_decode/reference/route.h"

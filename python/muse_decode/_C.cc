@@ -12,6 +12,7 @@ using namespace nb::literals;
 namespace muse_decode::python {
 void bind_route(nb::module_& m);
 void bind_qkv_front(nb::module_& m);
+void bind_attn2(nb::module_& m);
 }
 
 NB_MODULE(_C, m) {
@@ -26,4 +27,5 @@ NB_MODULE(_C, m) {
   m.def("describe_device", &describe_device, "device"_a = -1);
   python::bind_route(m);
   python::bind_qkv_front(m);
+  python::bind_attn2(m);
 }

@@ -8,6 +8,7 @@ the ops need CUDA tensors).
 
 from . import _C
 from ._C import unavailable
+from .attention import attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import (
     DIVISION_EPS,
     HEAD_DIM,
@@ -40,6 +41,12 @@ from .platform import gpu_family, sm90, sm100_family, supported_gpu
 __version__ = "0.1.0"
 
 __all__ = [
+    "attn2",
+    "attn2_splits",
+    "attn2_window",
+    "attn2_workspace_bytes",
+    "prepare_attn2",
+    "unsupported_attn2",
     "DIVISION_EPS",
     "HEAD_DIM",
     "HEADS_PER_KV_HEAD",

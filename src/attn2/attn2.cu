@@ -44,8 +44,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kRows = kVerifyLen * kHeadsPerKvHead;        // 64 query rows per (request, KV head)
-constexpr int kConsumerWarps = 4;                          // 16 rows each
-constexpr int kThreads = (kConsumerWarps + 1) * 32;        // + the producer warp
+constexpr int kWarps = 4;                                  // 16 rows each; warp 0 also issues the copies
+constexpr int kThreads = kWarps * 32;
 constexpr int kGroupPages = 8;                             // pages per stage: one per bank group
 constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
 constexpr int kStages = 3;
@@ -150,8 +150,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ __forceinline__ uint32_t load_u32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 __device__ __forceinline__ void wait_for_producer() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -179,8 +177,8 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 }
 
 template <int kCluster>
-__global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
-  static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kConsumerWarps * 32,
+__global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p) {
+  static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, 16 threads per row");
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -203,7 +201,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full_bar[s], 1);
-      mbar_init(&empty_bar[s], kConsumerWarps);
+      mbar_init(&empty_bar[s], kWarps);
     }
     s_bad = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -232,7 +230,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
     gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
                                              head * kHeadDim + d);
   uint4 qv[4];
-  if (warp < kConsumerWarps) {
+  {
     // Warp w: rows w*16 + r (head 2w + r / 8, token r % 8), 8 x 16 bytes each.
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -243,8 +241,8 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
     }
   }
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
-  int ids0 = -1;  // producer lanes 0-7: page ids of this CTA's first group
-  if (warp == kConsumerWarps && p.window == 0 && lane < kGroupPages) {
+  int ids0 = -1;  // warp 0, lanes 0-7: page ids of this CTA's first group
+  if (warp == 0 && p.window == 0 && lane < kGroupPages) {
     const int pi = me * kGroupPages + lane;
     if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
   }
@@ -257,7 +255,7 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
   const int num_groups = broken ? 0 : (last_page - first_page + kGroupPages) / kGroupPages;
   // Slices in use for this L: one more per 2 groups per CTA of a cluster
   // (L = 2048 -> 16 groups -> one slice, merged in the cluster, no workspace
-  // round trip; from L = 32k on all 16 of TP8). Depends on L only: every
+  // round trip; from L = 32k on all 15 of TP8). Depends on L only: every
   // cluster agrees, and the merge order stays fixed.
   const int active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
   if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
@@ -273,49 +271,55 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
 #pragma unroll
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  if (warp == kConsumerWarps) {
-    // ---- producer ------------------------------------------------------------------
-    const uint64_t policy = evict_first_policy();
-    const char* kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
-    const int64_t page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
-    bool bad = false;
-    // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
-    // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous batch is used.
-    auto load_batch = [&](int b) {
-      const int it2 = b + lane / 8;
-      const int pi = first_page + (me + it2 * ctas) * kGroupPages + lane % 8;
-      return (it2 < my_groups && pi <= last_page) ? bt[pi] : -1;
-    };
+  // ---- copies (warp 0, lanes 0-7: one page each) -----------------------------------
+  // A 5th, producer-only warp would cost the second CTA per SM: two CTAs of 5
+  // warps put 3-4 warps on one SM sub-partition, whose 16K registers then hold
+  // 128 per thread at most. So warp 0 issues group j + 3 into the stage that
+  // all 4 warps have just released.
+  const uint64_t policy = evict_first_policy();
+  const char* kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
+  const int64_t page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
+  bool bad = false;
+  // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
+  // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous batch is used.
+  auto load_batch = [&](int b) {
+    const int it2 = b + lane / 8;
+    const int pi = first_page + (me + it2 * ctas) * kGroupPages + lane % 8;
+    return (it2 < my_groups && pi <= last_page) ? bt[pi] : -1;
+  };
+  int ids = -1, ids_next = -1;
+  auto issue = [&](int j) {  // group j (this CTA's j-th) into stage j % kStages, which is free
+    const int g = me + j * ctas;
+    const int st = j % kStages;
+    int id;
+    if (j == 0) {
+      id = ids0;
+    } else {
+      if (((j - 1) & 3) == 0) {
+        ids = ids_next;
+        ids_next = load_batch(j + 4);
+      }
+      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) & 3) * 8 + (lane & 7));
+    }
+    const bool want = lane < kGroupPages && first_page + g * kGroupPages + lane <= last_page;
+    const bool ok = want && id >= 0 && id < p.num_pages;
+    bad |= want && !ok;
+    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+    if (lane == 0) mbar_arrive_expect_tx(&full_bar[st], __popc(ok_mask) * kPageBytes);
+    __syncwarp();
+    if (ok)
+      bulk_copy(smem_base + st * kStageBytes + lane * kSlotBytes, kv + id * page_pitch, kPageBytes, &full_bar[st],
+                policy);
+  };
+  if (warp == 0) {
     if (p.window != 0 && lane < kGroupPages && my_groups > 0 && first_page + me * kGroupPages + lane <= last_page)
       ids0 = bt[first_page + me * kGroupPages + lane];
-    int ids = -1, ids_next = load_batch(1);
-    for (int it = 0; it < my_groups; ++it) {
-      const int g = me + it * ctas;
-      const int st = it % kStages;
-      int id;
-      if (it == 0) {
-        id = ids0;
-      } else {
-        if (((it - 1) & 3) == 0) {
-          ids = ids_next;
-          ids_next = load_batch(it + 4);
-        }
-        id = __shfl_sync(0xFFFFFFFFu, ids, ((it - 1) & 3) * 8 + (lane & 7));
-      }
-      const bool want = lane < kGroupPages && first_page + g * kGroupPages + lane <= last_page;
-      const bool ok = want && id >= 0 && id < p.num_pages;
-      bad |= want && !ok;
-      const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-      if (it >= kStages) mbar_wait(&empty_bar[st], ((it / kStages) - 1) & 1);
-      if (lane == 0) mbar_arrive_expect_tx(&full_bar[st], __popc(ok_mask) * kPageBytes);
-      __syncwarp();
-      if (ok)
-        bulk_copy(smem_base + st * kStageBytes + lane * kSlotBytes, kv + id * page_pitch, kPageBytes,
-                  &full_bar[st], policy);
-    }
-    if (bad) s_bad = 1;
-  } else {
-    // ---- consumers: warp w owns heads 2w, 2w + 1 -------------------------------------
+    ids_next = load_batch(1);
+    for (int j = 0; j < min(kStages, my_groups); ++j) issue(j);
+  }
+
+  {
+    // ---- all warps: warp w owns heads 2w, 2w + 1 --------------------------------------
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int idx = k * 32 + lane, r = idx / 8, c = idx % 8;
@@ -430,6 +434,10 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_bar[st]);
+      if (warp == 0 && it + kStages < my_groups) {
+        mbar_wait(&empty_bar[st], (it / kStages) & 1);  // all 4 warps are done with this stage
+        issue(it + kStages);
+      }
     }
     // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).
 #pragma unroll
@@ -438,12 +446,13 @@ __global__ void __maxnreg__(200) attn2_kernel(const Attn2Params p) {
       l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 2);
     }
   }
+  if (bad) s_bad = 1;
   __syncthreads();  // every stage consumed, s_bad set
   allow_dependents();
 
   // ---- this CTA's state to shared memory (over the stages) -------------------------
   float* merge_o = reinterpret_cast<float*>(smem);
-  if (warp < kConsumerWarps) {
+  {
     const bool nan_rows = broken || s_bad != 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -1,5 +1,6 @@
 // attn2 host layer: sizing, the layer check and the per-call argument checks
 // that guard the launch.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -24,16 +25,23 @@ namespace {
 constexpr int kRowsPerPair = kVerifyLen * kHeadsPerKvHead;  // 64
 constexpr int kMaxGridYZ = 65535;
 
-// Split-path heuristic. 2 CTAs fit per SM (98.7 KB of shared memory and 200
-// registers x 160 threads each), so an H200 (132 SMs) holds 264 at once;
-// B200 (148 SMs) 296. A slice is a cluster of 8 CTAs. With one request:
-//   TP8, KVH 2:  264 / (8 * 2)  = 16 slices -> 256 CTAs (97% of one wave)
-//   TP4, KVH 4:  264 / (8 * 4)  =  8 slices -> 256 CTAs
-//   TP1, KVH 16: 264 / (8 * 16) =  2 slices -> 256 CTAs (8 requests: 2048 CTAs, 7.8 waves)
-//   KVH 1:       33 -> capped at 32 (the last cluster merges 32 partials of 8 rows: 8.4 KB per CTA)
+// Split-path heuristic. 2 CTAs fit per SM (98.7 KB of shared memory + 9.6 KB
+// static each), and an H200 co-schedules 30 clusters of 8 of them (240 CTAs:
+// cudaOccupancyMaxActiveClusters, measured; a cluster stays inside one GPC).
+// A slice is a cluster of 8 CTAs; more than 240 CTAs per request start a
+// second wave, which doubles the time of a one-request step (measured: 16
+// TP8 slices = 256 CTAs took 24 us at L = 32k, two waves of ~12). So:
+//   TP8, KVH 2:  240 / (8 * 2)  = 15 slices -> 240 CTAs (one wave)
+//   TP4, KVH 4:  240 / (8 * 4)  =  7 slices -> 224 CTAs
+//   TP1, KVH 16: 240 / (8 * 16) =  1 -> raised to 2: 256 CTAs per request. With
+//     8 requests (the TP1 shape we serve) 2048 CTAs make 8.5 waves, against 4.3
+//     for one slice (a 0.3-full last wave of twice-as-long CTAs); one request
+//     at TP1 pays a second wave.
+//   KVH 1:       30 slices (the last cluster merges 30 partials of 8 rows: 8 KB per CTA)
 // and never more slices than the longest request fills with one 8-page group
 // (128 keys) per CTA: max_model_len 4096 -> 32 groups -> 4 slices.
-constexpr int kTargetCtas = 264;
+constexpr int kTargetCtas = 240;
+constexpr int kMinSplits = 2;
 constexpr int kSplitCluster = 8;
 constexpr int kGroupKeys = 8 * kPageSize;
 }  // namespace
@@ -48,7 +56,7 @@ int attn2_window(std::optional<int> sliding_window, int max_model_len) {
 int attn2_splits(int max_model_len, int window, int num_kv_heads) {
   if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
   if (window != 0 || max_model_len <= kAttn2ShortMaxLen) return 1;
-  const int fill = kTargetCtas / (kSplitCluster * num_kv_heads);
+  const int fill = std::max(kMinSplits, kTargetCtas / (kSplitCluster * num_kv_heads));
   const int64_t groups = (static_cast<int64_t>(max_model_len) + kGroupKeys - 1) / kGroupKeys;
   const int64_t useful = (groups + kSplitCluster - 1) / kSplitCluster;
   int64_t s = fill < useful ? fill : useful;

@@ -219,3 +219,38 @@ def test_split_qkv_refuses_a_wrong_width():
 
     with pytest.raises(ValueError, match=r"^qkv must be \[tokens, 2304\] for 2 KV heads, got \[8, 2300\]$"):
         md.split_qkv(T2(), 2)
+
+
+def attn_layer(**over):
+    layer = types.SimpleNamespace(use_o_norm=True, use_o_gate=True, head_dim=64, num_heads=16, num_kv_heads=2,
+                                  scaling=0.6841258107984375, rms_norm_eps=1e-5)
+    for k, v in over.items():
+        setattr(layer, k, v)
+    return layer
+
+
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        ({}, None),
+        (dict(use_o_gate=False), "the layer has no o-norm with a sigmoid o-gate"),
+        (dict(head_dim=128), "head_dim 128 (the kernel has 64)"),
+        (dict(num_heads=12), "12 query heads for 2 KV heads (the kernel has 8 per KV head)"),
+        (dict(scaling=0.125), "softmax scale 0.125 (the kernel is built for 0.6841258107984375)"),
+        (dict(rms_norm_eps=1e-6), "o-norm eps 1e-06 (the kernel is built for 1e-05)"),
+    ],
+)
+def test_unsupported_attn2(over, reason):
+    assert md.unsupported_attn2(attn_layer(**over)) == reason
+
+
+def test_attn2_sizing():
+    assert md.attn2_window(None, 131072) == 0
+    assert md.attn2_window(2048, 2048) == 0
+    assert md.attn2_window(2048, 131072) == 2048
+    with pytest.raises(ValueError):
+        md.attn2_window(0, 131072)
+    assert md.attn2_splits(2048, 0, 2) == 1
+    assert md.attn2_splits(131072, 2048, 2) == 1
+    assert md.attn2_splits(131072, 0, 2) > 1
+    assert md.attn2_workspace_bytes(1, 2, md.attn2_splits(131072, 0, 2)) > 0

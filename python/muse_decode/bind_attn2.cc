@@ -1,0 +1,57 @@
+// Python binding of attn2: translation only; the checks and sizing live in
+// src/attn2/attn2_host.cc.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include "muse_decode/attn2.h"
+#include "tensor_args.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace muse_decode::python {
+
+void bind_attn2(nb::module_& m) {
+  m.def("attn2_window", &attn2_window, "sliding_window"_a.none(), "max_model_len"_a);
+  m.def("attn2_splits", &attn2_splits, "max_model_len"_a, "window"_a, "num_kv_heads"_a);
+  m.def("attn2_workspace_bytes", &attn2_workspace_bytes, "num_reqs"_a, "num_kv_heads"_a, "num_splits"_a);
+  m.def("prepare_attn2", &prepare_attn2, "device"_a = -1);
+  m.def(
+      "unsupported_attn2",
+      [](bool use_o_norm, bool use_o_gate, int head_dim, int num_heads, int num_kv_heads, double scaling,
+         double eps) {
+        Attn2Layer l;
+        l.use_o_norm = use_o_norm;
+        l.use_o_gate = use_o_gate;
+        l.head_dim = head_dim;
+        l.num_heads = num_heads;
+        l.num_kv_heads = num_kv_heads;
+        l.scaling = scaling;
+        l.rms_norm_eps = eps;
+        return unsupported_attn2(l);
+      },
+      "use_o_norm"_a, "use_o_gate"_a, "head_dim"_a, "num_heads"_a, "num_kv_heads"_a, "scaling"_a, "rms_norm_eps"_a);
+  m.def(
+      "attn2",
+      [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
+         nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits, bool pdl) {
+        Attn2Args a;
+        a.q = tensor_ref(q, "q");
+        a.gate = tensor_ref(gate, "gate");
+        a.kv_cache = tensor_ref(kv_cache, "kv_cache");
+        a.block_table = tensor_ref(block_table, "block_table");
+        a.seq_lens = tensor_ref(seq_lens, "seq_lens");
+        a.out = tensor_ref(out, "out");
+        a.workspace = tensor_ref(workspace, "workspace");
+        a.max_model_len = max_model_len;
+        a.window = window;
+        a.num_splits = num_splits;
+        a.pdl = pdl;
+        attn2(a, current_stream(a.q.device));
+      },
+      "q"_a, "gate"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "workspace"_a.none(),
+      "max_model_len"_a, "window"_a, "num_splits"_a, "pdl"_a = true);
+}
+
+}  // namespace muse_decode::python
