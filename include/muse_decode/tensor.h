@@ -18,6 +18,7 @@ enum class DType : int32_t {
   kFloat16 = 2,
   kInt32 = 3,
   kInt64 = 4,
+  kUInt8 = 5,  // workspaces are byte buffers
   kOther = 99,
 };
 

@@ -8,7 +8,7 @@ from . import _C
 _registered = False
 
 # Codes of include/muse_decode/tensor.h DType.
-_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3, "int64": 4}
+_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3, "int64": 4, "uint8": 5}
 
 
 def ensure_registered():

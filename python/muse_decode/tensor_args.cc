@@ -62,6 +62,7 @@ DType dtype_of(PyObject* dtype) {
   if (name == "torch.float16" || name == "float16") return DType::kFloat16;
   if (name == "torch.int32" || name == "int32") return DType::kInt32;
   if (name == "torch.int64" || name == "int64") return DType::kInt64;
+  if (name == "torch.uint8" || name == "uint8") return DType::kUInt8;
   return DType::kOther;
 }
 

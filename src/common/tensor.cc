@@ -11,6 +11,7 @@ const char* dtype_name(DType dtype) {
     case DType::kFloat16: return "float16";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
     case DType::kOther: break;
   }
   return "an unsupported dtype";
@@ -21,6 +22,7 @@ int dtype_size(DType dtype) {
     case DType::kFloat32: case DType::kInt32: return 4;
     case DType::kBFloat16: case DType::kFloat16: return 2;
     case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
     case DType::kOther: break;
   }
   return 0;
