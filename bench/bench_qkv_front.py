@@ -42,9 +42,9 @@ def stock_chain(x, w, positions, cos_sin, slots, cache, kvh):
     q, k = norm_rope(q).to(x.dtype), norm_rope(k).to(x.dtype)
     y[:, : h * 64] = q.flatten(1)
     y[:, h * 64 : (h + kvh) * 64] = k.flatten(1)
-    flat = cache.view(-1, kvh, 128)
-    flat[slots, :, :64] = k
-    flat[slots, :, 64:] = v
+    page, row = slots // 16, slots % 16  # cache [pages, KV heads, 16, 128]
+    cache[page, :, row, :64] = k
+    cache[page, :, row, 64:] = v
     return y
 
 

@@ -54,17 +54,18 @@ def test_matches_reference_and_cache(kvh, rope, t):
     assert torch.isfinite(got).all()
     assert err.max().item() <= 5e-3
     h = 8 * kvh
-    flat = cache.view(-1, kvh, 128)
+    # Slot s lives at cache[s // 16, :, s % 16, :] (pages, KV heads, 16 rows, 128).
+    rows = cache.permute(0, 2, 1, 3).reshape(-1, kvh, 128)
+    rows_before = before.permute(0, 2, 1, 3).reshape(-1, kvh, 128)
     k = out[:, h * 64 : (h + kvh) * 64].view(t, kvh, 64)
     v = out[:, (h + kvh) * 64 : (h + 2 * kvh) * 64].view(t, kvh, 64)
     for i in range(t - 1):
         s = slots[i].item()
-        assert torch.equal(flat[s, :, :64].view(torch.int16), k[i].view(torch.int16))
-        assert torch.equal(flat[s, :, 64:].view(torch.int16), v[i].view(torch.int16))
+        assert torch.equal(rows[s, :, :64].view(torch.int16), k[i].view(torch.int16))
+        assert torch.equal(rows[s, :, 64:].view(torch.int16), v[i].view(torch.int16))
     written = torch.zeros(pages * 16, dtype=torch.bool, device="cuda")
     written[slots[:-1]] = True
-    untouched = cache.view(-1, kvh, 128)[~written].view(torch.int16)
-    assert torch.equal(untouched, before.view(-1, kvh, 128)[~written].view(torch.int16))
+    assert torch.equal(rows[~written].view(torch.int16), rows_before[~written].view(torch.int16))
 
 
 def test_refusal_writes_nothing():
