@@ -17,13 +17,13 @@ NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo
 t0=$(date +%s)
 nvcc $NVF -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu -o "$B/attn2.o" > "$B/ptxas.log" 2>&1 &
 nvcc $NVF -c bench/bench_attn2.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
-for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_attn2_gpu.cc; do
+for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_attn2_gpu.cc; do
   g++ $CXXF -c "$f" -o "$B/$(basename "$f" .cc).o" > "$B/$(basename "$f" .cc).log" 2>&1 &
 done
 wait
 cat "$B"/*.log | grep -E "error|warning|Used|spill" | grep -v "^$"
 L=$G/lib/x86_64-linux-gnu
-nvcc -o "$B/attn2_gpu_tests" "$B/attn2.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/tensor.o" "$B/arch.o" \
+nvcc -o "$B/attn2_gpu_tests" "$B/attn2.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/bf16.o" "$B/tensor.o" "$B/arch.o" \
   "$B/test_attn2_gpu.o" "$L/libgtest_main.a" "$L/libgtest.a" -lpthread || exit 2
 nvcc -o "$B/bench_attn2" "$B/bench.o" "$B/attn2.o" "$B/attn2_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
 echo "# built in $(( $(date +%s) - t0 )) s"

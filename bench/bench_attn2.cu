@@ -10,6 +10,8 @@
 //   bench_attn2 [--json PATH] [--quick] [--only INDEX]
 #include <cuda_runtime.h>
 
+#include "bench_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,18 +28,10 @@
 
 namespace md = muse_decode;
 
-#define CHECK_CUDA(expr)                                                                      \
-  do {                                                                                        \
-    cudaError_t err_ = (expr);                                                                \
-    if (err_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 
-constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, SPEC section 9
+using md::bench::kCopyBandwidth;
 constexpr int64_t kRotateBytes = 3LL * 60 * 1000 * 1000;  // 3x the L2
 
 __global__ void fill_random_bf16(uint16_t* p, int64_t n, uint32_t seed) {
@@ -68,34 +62,18 @@ struct Result {
 double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (md::Attn2Args a : calls) {
     a.pdl = pdl;
     md::attn2(a, reinterpret_cast<md::Stream>(stream));
   }
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t t0, t1;
-  CHECK_CUDA(cudaEventCreate(&t0));
-  CHECK_CUDA(cudaEventCreate(&t1));
-  for (int w = 0; w < 2; ++w) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK_CUDA(cudaEventRecord(t0, stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_CUDA(cudaEventRecord(t1, stream));
-    CHECK_CUDA(cudaEventSynchronize(t1));
-    float m = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&m, t0, t1));
-    ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaEventDestroy(t0));
-  CHECK_CUDA(cudaEventDestroy(t1));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
+  const double us = md::bench::time_graph(exec, stream, static_cast<int>(calls.size())).median_us;
+  CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
+  CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
   (void)base;
-  return ms[ms.size() / 2] * 1000.0 / calls.size();
+  return us;
 }
 
 Result run_shape(const Shape& s, cudaStream_t stream) {
@@ -127,17 +105,17 @@ Result run_shape(const Shape& s, cudaStream_t stream) {
   int32_t *tables, *lens;
   void* ws;
   const int64_t cache_elems = pages * s.kvh * 16 * 128;
-  CHECK_CUDA(cudaMalloc(&cache, cache_elems * 2));
-  CHECK_CUDA(cudaMalloc(&qkv, int64_t(s.reqs) * 8 * n * 2));
-  CHECK_CUDA(cudaMalloc(&out, int64_t(s.reqs) * 8 * width * 2));
-  CHECK_CUDA(cudaMalloc(&tables, int64_t(copies) * s.reqs * max_pages * 4));
-  CHECK_CUDA(cudaMalloc(&lens, s.reqs * 4));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&cache, cache_elems * 2));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&qkv, int64_t(s.reqs) * 8 * n * 2));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&out, int64_t(s.reqs) * 8 * width * 2));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&tables, int64_t(copies) * s.reqs * max_pages * 4));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&lens, s.reqs * 4));
   const int64_t ws_bytes = std::max<int64_t>(16, md::attn2_workspace_bytes(s.reqs, s.kvh, r.splits));
-  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-  CHECK_CUDA(cudaMemset(ws, 0, ws_bytes));
+  CUDA_CHECK_OR_EXIT(cudaMalloc(&ws, ws_bytes));
+  CUDA_CHECK_OR_EXIT(cudaMemset(ws, 0, ws_bytes));
   fill_random_bf16<<<1024, 256, 0, stream>>>(cache, cache_elems, 1);
   fill_random_bf16<<<256, 256, 0, stream>>>(qkv, int64_t(s.reqs) * 8 * n, 2);
-  CHECK_CUDA(cudaGetLastError());
+  CUDA_CHECK_OR_EXIT(cudaGetLastError());
   // Copy c, request r: visible page i -> page (c * reqs + r) * vis_pages + (i - first_page),
   // in reverse order within the run (not sequential addresses); pages below the window: 0 (never read).
   std::vector<int32_t> host(int64_t(copies) * s.reqs * max_pages, 0);
@@ -146,9 +124,9 @@ Result run_shape(const Shape& s, cudaStream_t stream) {
       for (int i = first_page; i <= last_page; ++i)
         host[(int64_t(c) * s.reqs + q) * max_pages + i] =
             static_cast<int32_t>((int64_t(c) * s.reqs + q) * vis_pages + (last_page - i));
-  CHECK_CUDA(cudaMemcpy(tables, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK_OR_EXIT(cudaMemcpy(tables, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> lh(s.reqs, L);
-  CHECK_CUDA(cudaMemcpy(lens, lh.data(), s.reqs * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK_OR_EXIT(cudaMemcpy(lens, lh.data(), s.reqs * 4, cudaMemcpyHostToDevice));
 
   md::Attn2Args base;
   auto rows = [&](void* data, int64_t stride) {
@@ -176,14 +154,14 @@ Result run_shape(const Shape& s, cudaStream_t stream) {
   r.us_pdl = time_graph(base, calls, true, stream);
   // Sanity: the output is finite.
   std::vector<uint16_t> o(int64_t(s.reqs) * 8 * width);
-  CHECK_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
+  CUDA_CHECK_OR_EXIT(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
   r.ok = std::all_of(o.begin(), o.end(), [](uint16_t b) { return (b & 0x7F80u) != 0x7F80u; });
-  CHECK_CUDA(cudaFree(cache));
-  CHECK_CUDA(cudaFree(qkv));
-  CHECK_CUDA(cudaFree(out));
-  CHECK_CUDA(cudaFree(tables));
-  CHECK_CUDA(cudaFree(lens));
-  CHECK_CUDA(cudaFree(ws));
+  CUDA_CHECK_OR_EXIT(cudaFree(cache));
+  CUDA_CHECK_OR_EXIT(cudaFree(qkv));
+  CUDA_CHECK_OR_EXIT(cudaFree(out));
+  CUDA_CHECK_OR_EXIT(cudaFree(tables));
+  CUDA_CHECK_OR_EXIT(cudaFree(lens));
+  CUDA_CHECK_OR_EXIT(cudaFree(ws));
   return r;
 }
 
@@ -211,7 +189,7 @@ int main(int argc, char** argv) {
                 clusters * c);
   }
   cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK_OR_EXIT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   std::vector<Shape> shapes = {
       {"tp8", 2, 1, 131072, 0, 2048},     {"tp8", 2, 1, 131072, 0, 8192},

@@ -17,6 +17,8 @@
 // Usage: bench_qkv_front [--json PATH] [--quick]
 #include <cuda_runtime.h>
 
+#include "bench_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,18 +34,10 @@
 namespace md = muse_decode;
 using md::DType;
 
-#define CK(expr)                                                                                  \
-  do {                                                                                            \
-    cudaError_t err_ = (expr);                                                                    \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 namespace {
 
-constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, SPEC section 9 (measured copy bandwidth)
+using md::bench::kCopyBandwidth;
 constexpr int kMaxPos = 4096;
 constexpr int kPages = 256;
 
@@ -73,32 +67,8 @@ __global__ void read_anchor(const uint4* __restrict__ p, size_t n16, uint32_t* s
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
 }
 
-struct Timing {
-  double median_us;
-  double min_us;
-};
-
-// Median of 7 timed replays (after 2 warm-ups) of a graph holding `calls` calls.
-Timing time_graph(cudaGraphExec_t exec, cudaStream_t stream, int calls) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(exec, stream));
-  std::vector<double> us;
-  for (int i = 0; i < 7; ++i) {
-    CK(cudaEventRecord(a, stream));
-    CK(cudaGraphLaunch(exec, stream));
-    CK(cudaEventRecord(b, stream));
-    CK(cudaEventSynchronize(b));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1000.0 / calls);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(us.begin(), us.end());
-  return {us[us.size() / 2], us.front()};
-}
+using Timing = md::bench::GraphTiming;
+using md::bench::time_graph;
 
 struct Row {
   std::string shape;
@@ -130,9 +100,9 @@ int main(int argc, char** argv) {
     std::printf("%s\n", line.c_str());
     if (json) std::fprintf(json, "%s\n", line.c_str());
   };
-  CK(static_cast<cudaError_t>(md::prepare_qkv_front()));
+  CUDA_CHECK_OR_EXIT(static_cast<cudaError_t>(md::prepare_qkv_front()));
   cudaStream_t stream;
-  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CHECK_OR_EXIT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int sms = md::sm_count();
   std::vector<Row> rows;
   std::vector<std::string> anchors;
@@ -148,22 +118,22 @@ int main(int argc, char** argv) {
     const char* shape = kvh == 2 ? "TP8" : "TP1";
 
     uint16_t* w = nullptr;
-    CK(cudaMalloc(&w, wbytes * copies));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&w, wbytes * copies));
     fill_bf16<<<4 * sms, 256>>>(w, static_cast<size_t>(wbytes / 2) * copies, 1234 + kvh);
-    CK(cudaGetLastError());
+    CUDA_CHECK_OR_EXIT(cudaGetLastError());
     uint16_t *x, *out, *cache;
     int64_t *pos, *slots;
     float* cs;
     int32_t* ws;
-    CK(cudaMalloc(&x, 16 * 8192 * 2));
-    CK(cudaMalloc(&out, int64_t{16} * n * 2));
-    CK(cudaMalloc(&cache, int64_t{kPages} * kvh * 16 * 128 * 2));
-    CK(cudaMalloc(&pos, 16 * 8));
-    CK(cudaMalloc(&slots, 16 * 8));
-    CK(cudaMalloc(&cs, kMaxPos * 64 * 4));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&x, 16 * 8192 * 2));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&out, int64_t{16} * n * 2));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&cache, int64_t{kPages} * kvh * 16 * 128 * 2));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&pos, 16 * 8));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&slots, 16 * 8));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&cs, kMaxPos * 64 * 4));
     const int64_t ws_bytes = md::qkv_front_workspace_bytes_for_device(kvh);
-    CK(cudaMalloc(&ws, ws_bytes));
-    CK(cudaMemset(ws, 0, ws_bytes));
+    CUDA_CHECK_OR_EXIT(cudaMalloc(&ws, ws_bytes));
+    CUDA_CHECK_OR_EXIT(cudaMemset(ws, 0, ws_bytes));
     fill_bf16<<<64, 256>>>(x, 16 * 8192, 99);
     std::vector<float> table(kMaxPos * 64);
     for (int p = 0; p < kMaxPos; ++p)
@@ -172,15 +142,15 @@ int main(int argc, char** argv) {
         table[p * 64 + j] = static_cast<float>(std::cos(f));
         table[p * 64 + 32 + j] = static_cast<float>(std::sin(f));
       }
-    CK(cudaMemcpy(cs, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK_OR_EXIT(cudaMemcpy(cs, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
     std::vector<int64_t> hp(16), hs(16);
     for (int t = 0; t < 16; ++t) {
       hp[t] = 3000 + t;
       hs[t] = (t * 37) % (kPages * 16);
     }
-    CK(cudaMemcpy(pos, hp.data(), 16 * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(slots, hs.data(), 16 * 8, cudaMemcpyHostToDevice));
-    CK(cudaDeviceSynchronize());
+    CUDA_CHECK_OR_EXIT(cudaMemcpy(pos, hp.data(), 16 * 8, cudaMemcpyHostToDevice));
+    CUDA_CHECK_OR_EXIT(cudaMemcpy(slots, hs.data(), 16 * 8, cudaMemcpyHostToDevice));
+    CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
 
     // One eager call before any capture (the host caches its device queries).
     md::qkv_front(md::make_tensor(x, DType::kBFloat16, {1, 8192}), md::make_tensor(w, DType::kBFloat16, {n, 8192}),
@@ -189,14 +159,14 @@ int main(int argc, char** argv) {
                   md::make_tensor(cache, DType::kBFloat16, {kPages, kvh, 16, 128}), kvh,
                   md::make_tensor(out, DType::kBFloat16, {1, n}), md::make_tensor(ws, DType::kInt32, {ws_bytes / 4}),
                   reinterpret_cast<md::Stream>(stream));
-    CK(cudaStreamSynchronize(stream));
+    CUDA_CHECK_OR_EXIT(cudaStreamSynchronize(stream));
 
     for (int pdl : {1, 0})
       for (int T = 1; T <= 16; ++T) {
         if (quick && T != 1 && T != 8 && T != 16) continue;
         cudaGraph_t graph;
         cudaGraphExec_t exec;
-        CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
         for (int i = 0; i < calls; ++i) {
           md::qkv_front(md::make_tensor(x, DType::kBFloat16, {T, 8192}),
                         md::make_tensor(w + static_cast<size_t>(i % copies) * (wbytes / 2), DType::kBFloat16,
@@ -208,11 +178,11 @@ int main(int argc, char** argv) {
                         md::make_tensor(ws, DType::kInt32, {ws_bytes / 4}), reinterpret_cast<md::Stream>(stream),
                         pdl != 0);
         }
-        CK(cudaStreamEndCapture(stream, &graph));
-        CK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
         const Timing tm = time_graph(exec, stream, calls);
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
+        CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
+        CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
         // Bytes that must move: weight, x, out, cos_sin rows, positions and
         // slots read, k and v rows written to the cache.
         const int64_t bytes = wbytes + int64_t{T} * 8192 * 2 + int64_t{T} * n * 2 + int64_t{T} * 64 * 4 +
@@ -234,31 +204,31 @@ int main(int argc, char** argv) {
     // Anchors on the same weight copies.
     {
       uint32_t* sink;
-      CK(cudaMalloc(&sink, 4));
+      CUDA_CHECK_OR_EXIT(cudaMalloc(&sink, 4));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
-      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
       for (int i = 0; i < calls; ++i)
         read_anchor<<<4 * sms, 256, 0, stream>>>(
             reinterpret_cast<const uint4*>(w + static_cast<size_t>(i % copies) * (wbytes / 2)), wbytes / 16, sink);
-      CK(cudaStreamEndCapture(stream, &graph));
-      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
       const Timing rd = time_graph(exec, stream, calls);
-      CK(cudaGraphExecDestroy(exec));
-      CK(cudaGraphDestroy(graph));
+      CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
+      CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
       // Copy: copy i reads copy i and writes copy i+1 (the rotation keeps it out of L2).
-      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
       const int copy_calls = std::max(2, copies - 1);
       for (int i = 0; i < copy_calls; ++i)
-        CK(cudaMemcpyAsync(w + static_cast<size_t>((i + 1) % copies) * (wbytes / 2),
+        CUDA_CHECK_OR_EXIT(cudaMemcpyAsync(w + static_cast<size_t>((i + 1) % copies) * (wbytes / 2),
                            w + static_cast<size_t>(i % copies) * (wbytes / 2), wbytes, cudaMemcpyDeviceToDevice,
                            stream));
-      CK(cudaStreamEndCapture(stream, &graph));
-      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
+      CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
       const Timing cp = time_graph(exec, stream, copy_calls);
-      CK(cudaGraphExecDestroy(exec));
-      CK(cudaGraphDestroy(graph));
-      CK(cudaFree(sink));
+      CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
+      CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
+      CUDA_CHECK_OR_EXIT(cudaFree(sink));
       char line[512];
       std::snprintf(line, sizeof line,
                     "{\"op\": \"anchor_naive_read\", \"shape\": \"%s\", \"bytes\": %lld, \"us_per_call\": %.3f, "
@@ -273,14 +243,14 @@ int main(int argc, char** argv) {
       emit(line);
       anchors.push_back(line);
     }
-    CK(cudaFree(w));
-    CK(cudaFree(x));
-    CK(cudaFree(out));
-    CK(cudaFree(cache));
-    CK(cudaFree(pos));
-    CK(cudaFree(slots));
-    CK(cudaFree(cs));
-    CK(cudaFree(ws));
+    CUDA_CHECK_OR_EXIT(cudaFree(w));
+    CUDA_CHECK_OR_EXIT(cudaFree(x));
+    CUDA_CHECK_OR_EXIT(cudaFree(out));
+    CUDA_CHECK_OR_EXIT(cudaFree(cache));
+    CUDA_CHECK_OR_EXIT(cudaFree(pos));
+    CUDA_CHECK_OR_EXIT(cudaFree(slots));
+    CUDA_CHECK_OR_EXIT(cudaFree(cs));
+    CUDA_CHECK_OR_EXIT(cudaFree(ws));
   }
   if (json) std::fclose(json);
 
@@ -290,6 +260,6 @@ int main(int argc, char** argv) {
     std::printf("%-5s %3d %4d %9.2f %9.2f %8.2f %7.1f %6.3f %s\n", r.shape.c_str(), r.T, r.pdl, r.us, r.floor_us,
                 r.bar_us, r.pct, r.us / r.floor_us, r.us <= r.bar_us ? "ok" : "MISS");
   for (const auto& a : anchors) std::printf("%s\n", a.c_str());
-  CK(cudaStreamDestroy(stream));
+  CUDA_CHECK_OR_EXIT(cudaStreamDestroy(stream));
   return 0;
 }

@@ -18,6 +18,8 @@
 
 #ifdef MUSE_DECODE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "bench_util.h"
 #endif
 
 #include "muse_decode/arch.h"
@@ -29,7 +31,6 @@ namespace md = muse_decode;
 
 namespace {
 
-constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, H200 device-to-device copy (SPEC 9)
 
 struct Options {
   int tp = 8;
@@ -250,24 +251,9 @@ GpuResult gpu_route(const Options& o) {
              std::to_string(w_bad) + " weights off, " + std::to_string(meta_bad) + " metadata buffers differ";
 
   auto time_graph = [&](bool cold) {
-    std::vector<float> us;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    for (int rep = 0; rep < o.replays; ++rep) {
-      if (cold) CUDA_CHECK(cudaMemsetAsync(scrub, rep, scrub_bytes, stream));
-      CUDA_CHECK(cudaEventRecord(e0, stream));
-      CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      CUDA_CHECK(cudaEventRecord(e1, stream));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      us.push_back(ms * 1e3f / calls);
-    }
-    std::sort(us.begin(), us.end());
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return double(us[us.size() / 2]);
+    return md::bench::time_graph(exec, stream, calls, o.replays, [&](cudaStream_t s) {
+             if (cold) CUDA_CHECK(cudaMemsetAsync(scrub, 1, scrub_bytes, s));  // flush the L2
+           }).median_us;
   };
   r.us_per_call = time_graph(true);
   r.us_per_call_hot = time_graph(false);
@@ -307,7 +293,7 @@ int main(int argc, char** argv) {
     if (!o.json) std::fprintf(stderr, "muse-decode: %s, TP%d, %d tokens: timing route...\n", md::describe_device().c_str(), o.tp, o.tokens);
     const GpuResult r = gpu_route(o);
     const double bytes = o.tokens * 256 * 4 + 256 * 4 + o.tokens * 8 * 8;
-    const double floor_us = bytes / kCopyBandwidth * 1e6;
+    const double floor_us = bytes / md::bench::kCopyBandwidth * 1e6;
     if (o.json) {
       std::printf("{\"mode\": \"gpu\", \"device\": \"%s\", \"tp\": %d, \"tokens\": %d, \"tile_n\": %d, \"route\": {\"check\": \"%s\", "
                   "\"detail\": \"%s\", \"us_per_call\": %.3f, \"us_per_call_l2_hot\": %.3f, \"floor_us\": %.4f, \"bar_us\": 3.0}}\n",

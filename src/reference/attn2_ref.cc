@@ -6,15 +6,11 @@
 
 #include "muse_decode/constants.h"
 #include "muse_decode/reference/attn2.h"
+#include "muse_decode/reference/bf16.h"
 
 namespace muse_decode::reference {
 
-double attn2_bf16_value(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+double attn2_bf16_value(uint16_t bits) { return bf16_bits_to_float(bits); }
 
 void attn2_pair(const Attn2Inputs& in, int req, int kv_head, double* out) {
   constexpr int D = kHeadDim, G = kHeadsPerKvHead, T = kVerifyLen;

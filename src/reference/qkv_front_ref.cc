@@ -6,21 +6,6 @@
 
 namespace muse_decode::reference {
 
-float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t float_to_bf16_bits(float value) {
-  uint32_t u;
-  std::memcpy(&u, &value, 4);
-  if (std::isnan(value)) return static_cast<uint16_t>((u >> 16) | 0x40u);  // keep it a (quiet) NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return static_cast<uint16_t>(u >> 16);
-}
-
 void qkv_projection(const uint16_t* x, int64_t x_stride, int num_tokens, const uint16_t* weight,
                     int num_kv_heads, double* y) {
   const int n = qkv_width(num_kv_heads);

@@ -4,6 +4,8 @@
 // answers (uniform attention, a window of one key, page indirection).
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -20,18 +22,8 @@ using md::TensorRef;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Fake device addresses: the checks read shapes and addresses, never data.
-void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using muse_decode::testing::addr;
+using muse_decode::testing::error_of;
 
 TensorRef strided(void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int device = 0) {
   TensorRef t = md::make_tensor(data, dtype, {rows, cols}, device);

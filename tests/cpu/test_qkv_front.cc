@@ -4,6 +4,8 @@
 // reference against double-precision formulas.
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,18 +23,8 @@ using md::TensorRef;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Fake device addresses: the checks read shapes and addresses, never data.
-void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using muse_decode::testing::addr;
+using muse_decode::testing::error_of;
 
 // A valid TP8 call (2 KV heads, N = 2304) of 4 tokens.
 struct Call {

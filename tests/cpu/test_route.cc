@@ -4,6 +4,8 @@
 // rank splits.
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -23,18 +25,8 @@ namespace {
 
 constexpr int kTiles[] = {8, 16, 32, 64, 128, 256};
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Fake device addresses: the checks read shapes and addresses, never data.
-void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using muse_decode::testing::addr;
+using muse_decode::testing::error_of;
 
 md::RouterDesc good_router() {
   md::RouterDesc r;

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "muse_decode/reference/bf16.h"
+
 #include "muse_decode/qkv_front.h"
 
 namespace muse_decode::reference {
@@ -28,8 +30,5 @@ void qkv_front(const uint16_t* x, int64_t x_stride, int num_tokens, const uint16
                int num_kv_heads, const int64_t* positions, const float* cos_sin, int64_t max_pos,
                double* y);
 
-// bf16 bits <-> float (round to nearest even; NaN stays NaN).
-float bf16_bits_to_float(uint16_t bits);
-uint16_t float_to_bf16_bits(float value);
 
 }  // namespace muse_decode::reference
