@@ -1,17 +1,18 @@
-// route kernel: one CTA of 8 warps routes up to 8 tokens (warp t: token t) and
-// then, when asked, builds the TRT-LLM-gen metadata of this rank's experts.
+// route kernel: a cluster of b CTAs routes b <= 8 tokens (CTA t: token t) and,
+// when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of this
+// rank's experts from every token's ids, gathered in its shared memory.
 //
-// Latency is all that matters here (at most 8 KB of logits): one launch, no
-// global atomics, three block barriers. The top 8 of a token's 256 keys come
-// from one warp in three steps whose instruction count is what the critical
-// path costs (one warp per token, no other work to hide it):
-//  A. the 8 largest keys as a multiset, on 32-bit order-preserving integers:
-//     a sorting network per lane (8 keys) then 5 butterfly merges of sorted
-//     8-lists, each compare-exchange one max and one min (~250 instructions,
-//     against ~750 for the same merges on 64-bit key+index words);
-//  B. exact ties at the 8th key: the lowest experts among the equal keys are
-//     selected (prefix counts across lanes);
-//  C. the 8 selected (key, expert) pairs ordered by key, then expert.
+// Latency is all that matters (at most 8 KB of logits), and each token's top 8
+// is a dependent chain of instructions, so each token gets its own SM and the
+// chain is kept short (bench/NOTES.md, route v7):
+//  1. each of 8 warps takes 32 experts (one per lane) and ranks them by
+//     (key, expert) words with 32 shuffles: its top 8 go to shared memory;
+//  2. 64 threads rank the 64 finalists against each other: ranks 0..7 are the
+//     slots (keys descending, then experts ascending; NaN first);
+//  3. one warp sums the 8 scores left to right and writes ids and weights.
+// A one-CTA-per-token design with one warp per token ran 2.96-3.59 us for
+// b = 1..8 with metadata (v5b), the 8 warps of one SM sharing issue slots.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,136 +22,30 @@
 namespace muse_decode {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 256;
-static_assert(kThreads / 32 == kRouteMaxTokens, "one warp per token");
-static_assert(kThreads == kNumExperts, "metadata phase: one thread per local expert");
-static_assert(kTopK == 8 && kNumExperts == 32 * 8, "each lane holds 8 of the 256 experts");
+constexpr int kWarps = kThreads / 32;
+constexpr int kFinalists = kWarps * kTopK;  // 64
 constexpr unsigned kAll = 0xFFFFFFFFu;
+static_assert(kThreads == kNumExperts, "one thread per expert (and per local expert in the metadata)");
+static_assert(kFinalists <= kThreads, "one thread per finalist");
 
-// Development aid: with MUSE_ROUTE_PROFILE defined, thread 0 records the SM
-// clock and the global timer at each phase (scripts/dev/route_profile.cu).
-#ifdef MUSE_ROUTE_PROFILE
-__device__ long long g_route_stamps[2][16];
-#define ROUTE_STAMP(i)                                                                  \
-  do {                                                                                 \
-    if (threadIdx.x == 0) {                                                            \
-      long long t;                                                                     \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                          \
-      g_route_stamps[0][i] = clock64();                                                \
-      g_route_stamps[1][i] = t;                                                        \
-    }                                                                                  \
-  } while (0)
-#else
-#define ROUTE_STAMP(i) \
-  do {                 \
-  } while (0)
-#endif
-
-// The key as an unsigned integer of the same order: NaN above every number
-// (as torch.topk ranks it), -0 equal to +0.
-__device__ __forceinline__ uint32_t order_key(float key) {
-  if (key != key) return 0xFFFFFFFFu;
-  const uint32_t u = key == 0.0f ? 0u : __float_as_uint(key);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+// A candidate as one word that orders like the SPEC's step 3: the key as an
+// order-preserving integer in the upper half (NaN above every number, -0 equal
+// to +0), 255 - expert in the lower half, so equal keys rank the lower expert
+// first. Words are unique (one per expert): ranks are a permutation.
+__device__ __forceinline__ uint64_t candidate(float key, int expert) {
+  uint32_t ord;
+  if (key != key) {
+    ord = 0xFFFFFFFFu;
+  } else {
+    const uint32_t u = key == 0.0f ? 0u : __float_as_uint(key);
+    ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  }
+  return (static_cast<uint64_t>(ord) << 32) | static_cast<uint32_t>(kNumExperts - 1 - expert);
 }
-
-__device__ __forceinline__ void cas_desc(uint32_t& a, uint32_t& b) {
-  const uint32_t hi = max(a, b), lo = min(a, b);
-  a = hi;
-  b = lo;
-}
-
-// Sort 8 values in descending order (bitonic network, 24 compare-exchanges,
-// all indices compile-time so the array stays in registers).
-__device__ __forceinline__ void sort8_desc(uint32_t (&v)[8]) {
-#pragma unroll
-  for (int k = 2; k <= 8; k <<= 1) {
-#pragma unroll
-    for (int j = k >> 1; j > 0; j >>= 1) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int l = i ^ j;
-        if (l > i) {
-          if ((i & k) == 0) cas_desc(v[i], v[l]);
-          else cas_desc(v[l], v[i]);
-        }
-      }
-    }
-  }
-}
-
-// v descending; keep the 8 largest of v and the lane^mask partner's list.
-__device__ __forceinline__ void merge_with_lane(uint32_t (&v)[8], int mask) {
-  uint32_t other[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) other[i] = __shfl_xor_sync(kAll, v[i], mask);
-  // max(v[i], other[7 - i]) is the top 8 of the union, as a bitonic sequence.
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = max(v[i], other[7 - i]);
-#pragma unroll
-  for (int j = 4; j > 0; j >>= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if ((i & j) == 0) cas_desc(v[i], v[i + j]);
-  }
-}
-
-// Exclusive prefix sum over the lanes of the warp.
-__device__ __forceinline__ int lane_prefix(int x, int lane) {
-  int incl = x;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int up = __shfl_up_sync(kAll, incl, d);
-    if (lane >= d) incl += up;
-  }
-  return incl - x;
-}
-
-// The general case of steps B and C: equal keys among the top 8 or at the
-// 8th (exact ties, NaN). Of the keys equal to the 8th, the lowest experts are
-// taken; then the winners are ordered by key, then expert. Expert order:
-// first halves (i < 4) lane by lane, then second halves.
-__device__ __forceinline__ void select_with_ties(const uint32_t (&key)[8], const uint32_t (&top)[8], int lane,
-                                              uint64_t* pick, int* ids) {
-  const uint32_t last = top[7];
-  int above = 0;  // keys strictly above the 8th
-#pragma unroll
-  for (int k = 0; k < 7; ++k) above += top[k] > last;
-  uint32_t eq_lo = 0, eq_hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    eq_lo |= static_cast<uint32_t>(key[i] == last) << i;
-    eq_hi |= static_cast<uint32_t>(key[i + 4] == last) << i;
-  }
-  const int before_lo = lane_prefix(__popc(eq_lo), lane);
-  const int total_lo = __shfl_sync(kAll, before_lo + __popc(eq_lo), 31);
-  const int before_hi = total_lo + lane_prefix(__popc(eq_hi), lane);
-  uint32_t selected = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t eq = i < 4 ? eq_lo : eq_hi;
-    const int tie_rank = (i < 4 ? before_lo : before_hi) + __popc(eq & ((1u << (i & 3)) - 1u));
-    if (key[i] > last || (key[i] == last && tie_rank < 8 - above)) selected |= 1u << i;
-  }
-  // Compact the 8 winners as (key, 255 - expert) words, then lane k < 8 finds
-  // the slot of winner k by counting the winners that rank before it.
-  const int slot0 = lane_prefix(__popc(selected), lane);
-#pragma unroll
-  for (int i = 0, n = 0; i < 8; ++i) {
-    if (selected & (1u << i)) {
-      const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
-      pick[slot0 + n++] = (static_cast<uint64_t>(key[i]) << 32) | static_cast<uint32_t>(kNumExperts - 1 - e);
-    }
-  }
-  __syncwarp();
-  if (lane < kTopK) {
-    const uint64_t mine = pick[lane];
-    int rank = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) rank += pick[k] > mine;
-    ids[rank] = kNumExperts - 1 - static_cast<int>(mine & 0xFFFFFFFFu);
-  }
-}
+__device__ __forceinline__ int expert_of(uint64_t c) { return kNumExperts - 1 - static_cast<int>(c & 0xFFFFFFFFu); }
 
 __device__ __forceinline__ void wait_for_producer() {
 #if __CUDA_ARCH__ >= 900
@@ -162,111 +57,95 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// Cluster barrier halves: a CTA may touch another's shared memory only once
+// that CTA has started, i.e. after every thread of the cluster has arrived.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 template <bool kMetadata>
 __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p) {
-  __shared__ float s_score[kRouteMaxTokens][kNumExperts];
-  __shared__ int s_ids[kRouteMaxTokens][kTopK];           // slot order
-  __shared__ uint64_t s_pick[kRouteMaxTokens][kTopK];     // winners, expert order
-  __shared__ uint32_t s_tokens[kNumExperts];          // bit t: token t routes to local expert j
-  __shared__ uint32_t s_routed[kNumExperts / 32];      // bit j: local expert j has routes
+  __shared__ float s_score[kNumExperts];           // this token's scores, by expert
+  __shared__ uint64_t s_final[kFinalists];         // each warp's top 8
+  __shared__ int s_slot_id[kTopK];                 // this token's ids, slot order
+  // Metadata (the first CTA of the cluster only):
+  __shared__ int s_ids[kRouteMaxTokens][kTopK];    // every token's ids (written by their CTAs)
+  __shared__ uint32_t s_tokens[kNumExperts];       // bit t: token t routes to local expert j
+  __shared__ uint32_t s_routed[kNumExperts / 32];  // bit j: local expert j has routes
 
-  ROUTE_STAMP(9);
+  const int t = blockIdx.x;  // the token; the cluster is the whole grid
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int e = threadIdx.x;  // this thread's expert
   // The bias does not depend on the previous kernel: load it before waiting.
-  const float4 b0 = reinterpret_cast<const float4*>(p.bias)[lane];
-  const float4 b1 = reinterpret_cast<const float4*>(p.bias)[32 + lane];
+  const float bias = p.bias[e];
   if (kMetadata) {
-    s_tokens[threadIdx.x] = 0u;
-    if (threadIdx.x < kNumExperts / 32) s_routed[threadIdx.x] = 0u;
-    __syncthreads();  // cleared before any warp ORs its tokens in
+    if (t == 0) {
+      s_tokens[e] = 0u;
+      if (e < kNumExperts / 32) s_routed[e] = 0u;
+    }
+    cluster_arrive_relaxed();  // "started"; waited for before the first remote write
   }
   wait_for_producer();
   allow_dependents();
-  ROUTE_STAMP(0);
 
-  if (warp < p.num_tokens) {
-    const float4* row = reinterpret_cast<const float4*>(p.logits + warp * p.logits_stride);
-    const float4 x0 = row[lane], x1 = row[32 + lane];
-    const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    ROUTE_STAMP(1);
-    const float bias[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    uint32_t key[8];
+  // SPEC steps 1-2: torch.sigmoid's arithmetic (accurate expf, then 1 / y
+  // correctly rounded, which __frcp_rn is), then one fp32 add.
+  const float x = p.logits[t * p.logits_stride + e];
+  const float s = __frcp_rn(__fadd_rn(1.0f, expf(-x)));
+  s_score[e] = s;
+  const uint64_t mine = candidate(__fadd_rn(s, bias), e);
+  // 1: rank among the warp's 32 candidates.
+  int rank = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int e = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
-      // SPEC step 1 as torch.sigmoid on CUDA: accurate expf, then 1 / y
-      // correctly rounded; __frcp_rn is that same IEEE result (1 / y rounded
-      // to nearest) without the general division's subroutine call.
-      const float s = __frcp_rn(__fadd_rn(1.0f, expf(-x[i])));
-      s_score[warp][e] = s;
-      key[i] = order_key(__fadd_rn(s, bias[i]));  // step 2: one fp32 add
-    }
-    // A: the 8 largest keys (with multiplicity), the same on every lane.
-    uint32_t top[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) top[i] = key[i];
-    sort8_desc(top);
-    ROUTE_STAMP(2);
-#pragma unroll
-    for (int mask = 1; mask < 32; mask <<= 1) merge_with_lane(top, mask);
-    const uint32_t last = top[7];
-    ROUTE_STAMP(3);
-    // Fast path, the usual case: the top 8 keys are distinct and no other
-    // expert shares the 8th. An expert is then selected iff its key >= the 8th,
-    // and its slot is the number of top keys above it: no cross-lane work.
-    bool distinct = true;
-    int n_last = 0;
-#pragma unroll
-    for (int k = 0; k < 7; ++k) distinct &= top[k] > top[k + 1];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) n_last += key[i] == last;
-    n_last = __reduce_add_sync(kAll, n_last);
-    if (distinct && n_last == 1) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        if (key[i] >= last) {
-          int slot = 0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) slot += top[k] > key[i];
-          s_ids[warp][slot] = (i < 4 ? 0 : 128) + lane * 4 + (i & 3);
-        }
-      }
-    } else {
-      select_with_ties(key, top, lane, s_pick[warp], s_ids[warp]);
-    }
-    ROUTE_STAMP(4);
-    __syncwarp();
-    // Every lane reads the 8 ids in slot order (step 3) and sums left to right.
+  for (int m = 0; m < 32; ++m) rank += __shfl_sync(kAll, mine, m) > mine;
+  if (rank < kTopK) s_final[warp * kTopK + rank] = mine;
+  __syncthreads();
+  // 2: rank among the 64 finalists; the first 8 are the slots (step 3).
+  if (threadIdx.x < kFinalists) {
+    const uint64_t c = s_final[threadIdx.x];
+    int r = 0;
+#pragma unroll 16
+    for (int m = 0; m < kFinalists; ++m) r += s_final[m] > c;
+    if (r < kTopK) s_slot_id[r] = expert_of(c);
+  }
+  __syncthreads();
+  // 3: steps 4-5, and the ids into the metadata CTA's shared memory.
+  if (kMetadata) cluster_wait();  // every CTA of the cluster has started
+  if (warp == 0) {
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float score = s_score[warp][s_ids[warp][k]];
-      sum = k == 0 ? score : __fadd_rn(sum, score);  // step 4: left to right
-    }
-    const float denom = __fadd_rn(sum, kRouteDivisionEps);
-    ROUTE_STAMP(5);
+    for (int k = 0; k < kTopK; ++k) sum = k == 0 ? s_score[s_slot_id[0]] : __fadd_rn(sum, s_score[s_slot_id[k]]);
     if (lane < kTopK) {
-      const int id = s_ids[warp][lane];
-      const float s = s_score[warp][id];
-      p.ids[warp * kTopK + lane] = id;
-      p.weights[warp * kTopK + lane] = __fdiv_rn(__fmul_rn(s, p.route_scale), denom);  // step 5
-      if (kMetadata) {
-        const int j = id - p.local_expert_offset;
-        if (j >= 0 && j < p.num_local_experts) {
-          atomicOr(&s_tokens[j], 1u << warp);
-          atomicOr(&s_routed[j / 32], 1u << (j % 32));
-        } else {
-          p.metadata[kMetaExpandedToPermuted + warp * kTopK + lane] = -1;  // another rank's expert
-        }
-      }
+      const int id = s_slot_id[lane];
+      p.ids[t * kTopK + lane] = id;
+      p.weights[t * kTopK + lane] =
+          __fdiv_rn(__fmul_rn(s_score[id], p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
+      if (kMetadata) cg::this_cluster().map_shared_rank(&s_ids[0][0], 0)[t * kTopK + lane] = id;
     }
   }
   if constexpr (!kMetadata) return;
 
-  // ---- metadata: thread j owns local expert j --------------------------------
+  // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
+  cluster_arrive_release();  // every token's ids are in CTA 0's s_ids once all arrive
+  cluster_wait();
+  if (t != 0) return;
+  const int routes = p.num_tokens * kTopK;
+  int32_t* const md = p.metadata;
+  if (threadIdx.x < routes) {
+    const int tok = threadIdx.x / kTopK;
+    const int j = s_ids[tok][threadIdx.x % kTopK] - p.local_expert_offset;
+    if (j >= 0 && j < p.num_local_experts) {
+      atomicOr(&s_tokens[j], 1u << tok);
+      atomicOr(&s_routed[j / 32], 1u << (j % 32));
+    } else {
+      md[kMetaExpandedToPermuted + threadIdx.x] = -1;  // another rank's expert
+    }
+  }
   __syncthreads();
-  ROUTE_STAMP(6);
   const int j = threadIdx.x;
   const int tile = p.tile_n;
   // count <= num_tokens <= 8 <= tile_n: an expert with routes has exactly one
@@ -279,8 +158,6 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     total += __popc(bits);
     cta += w < j / 32 ? __popc(bits) : w == j / 32 ? __popc(bits & ((1u << (j % 32)) - 1u)) : 0;
   }
-  ROUTE_STAMP(7);
-  int32_t* const md = p.metadata;
   if (j == 0) {
     md[kMetaNumCtas] = total;
     md[kMetaPaddedTokens] = total * tile;
@@ -289,23 +166,21 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   if (tokens != 0u) {
     // Thread j writes local expert j's CTA entry and its routes' permuted
     // indices (tokens ascending).
-    const int count = __popc(tokens);
     md[kMetaCtaBatch + cta] = j;
-    md[kMetaCtaLimit + cta] = cta * tile + count;  // = min((g + 1) * tile, ...) as count <= tile
+    md[kMetaCtaLimit + cta] = cta * tile + __popc(tokens);  // = min((g + 1) * tile, ...) as count <= tile
     const int expert = j + p.local_expert_offset;
     uint32_t rest = tokens;
     for (int n = 0; rest != 0u; ++n, rest &= rest - 1u) {
-      const int t = __ffs(rest) - 1;
+      const int tok = __ffs(rest) - 1;
       int k = 0;
 #pragma unroll
-      for (int q = 0; q < kTopK; ++q) k = s_ids[t][q] == expert ? q : k;
-      md[kMetaExpandedToPermuted + t * kTopK + k] = cta * tile + n;
+      for (int q = 0; q < kTopK; ++q) k = s_ids[tok][q] == expert ? q : k;
+      md[kMetaExpandedToPermuted + tok * kTopK + k] = cta * tile + n;
     }
   }
   // permuted_idx_to_token_idx for every row below total * tile, 16 bytes per
   // store, all threads together: CTA g's first rows are the tokens of the g-th
-  // routed expert (ascending), the rest -1. (One thread writing its expert's
-  // whole tile serialises 32-64 stores: 0.2 us slower at tile_n 128.)
+  // routed expert (ascending), the rest -1.
   const int quads_log2 = __ffs(tile) - 3;  // log2(tile / 4)
   int4* const rows = reinterpret_cast<int4*>(md + kMetaPermutedToToken);
   for (int v = j; v < (total << quads_log2); v += kThreads) {
@@ -327,21 +202,31 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     }
     rows[v] = make_int4(out[0], out[1], out[2], out[3]);
   }
-  ROUTE_STAMP(8);
 }
 
 }  // namespace
 
 int launch_route(const RouteParams& p, Stream stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(1);
+  config.gridDim = dim3(p.num_tokens);
   config.blockDim = dim3(kThreads);
   config.stream = reinterpret_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (p.metadata) {  // the whole grid is one cluster (<= 8 CTAs, portable)
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = p.num_tokens;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (p.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   config.attrs = attr;
-  config.numAttrs = p.pdl ? 1 : 0;
+  config.numAttrs = n;
   const cudaError_t err = p.metadata ? cudaLaunchKernelEx(&config, route_kernel<true>, p)
                                      : cudaLaunchKernelEx(&config, route_kernel<false>, p);
   return static_cast<int>(err);
