@@ -18,34 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 import muse_decode as md  # noqa: E402
+from muse_decode import stock  # noqa: E402
 
 PAGES = 4096
 MAX_POS = 8192
-
-
-def stock_chain(x, w, positions, cos_sin, slots, cache, kvh):
-    """The unfused path: cuBLAS GEMM, then norm, RoPE and the cache insert."""
-    t = x.shape[0]
-    h = 8 * kvh
-    y = x @ w.t()
-    q = y[:, : h * 64].float().view(t, h, 64)
-    k = y[:, h * 64 : (h + kvh) * 64].float().view(t, kvh, 64)
-    v = y[:, (h + kvh) * 64 : (h + 2 * kvh) * 64].view(t, kvh, 64)
-
-    def norm_rope(a):
-        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
-        cs = cos_sin[positions]
-        c, s = cs[:, None, :32], cs[:, None, 32:]
-        a0, a1 = a[..., 0::2], a[..., 1::2]
-        return torch.stack((a0 * c - a1 * s, a0 * s + a1 * c), -1).flatten(-2)
-
-    q, k = norm_rope(q).to(x.dtype), norm_rope(k).to(x.dtype)
-    y[:, : h * 64] = q.flatten(1)
-    y[:, h * 64 : (h + kvh) * 64] = k.flatten(1)
-    page, row = slots // 16, slots % 16  # cache [pages, KV heads, 16, 128]
-    cache[page, :, row, :64] = k
-    cache[page, :, row, 64:] = v
-    return y
 
 
 def main():
@@ -70,7 +46,7 @@ def main():
             ours = timer.graph_us([(lambda w=w: md.launch_qkv_front(x, w, pos, cos_sin, slots, cache, kvh, out, ws))
                                    for w in seq])
             gemm = timer.graph_us([(lambda w=w: torch.matmul(x, w.t())) for w in seq])
-            chain = timer.graph_us([(lambda w=w: stock_chain(x, w, pos, cos_sin, slots, cache, kvh)) for w in seq])
+            chain = timer.graph_us([(lambda w=w: stock.qkv_front(x, w, pos, cos_sin, slots, cache, kvh)) for w in seq])
             floor = harness.floor_us(wbytes)
             bar = (1.15 if tp == 8 else 1.1) * floor
             rows.append(dict(op="qkv_front", tp=tp, kv_heads=kvh, n=n, tokens=t, us_per_call=round(ours, 2),

@@ -21,29 +21,29 @@ import harness  # noqa: E402
 
 import muse_decode as md  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from test_route_gpu import Router, torch_metadata  # noqa: E402
+from muse_decode import stock  # noqa: E402
 
 CALLS = 256  # calls per graph, each on its own input set
 TILE, OFFSET, LOCAL = 128, 0, 32  # EP8 rank: 32 local experts
 
 
-def stock(x, bias, off, n, tile, buf):
+class Router:
+    """A vLLM-like Muse Spark router: just the attributes MuseRouting reads."""
+
+    def __init__(self, bias):
+        self.router_score_normalization = "sigmoid"
+        self.top_k = 8
+        self.global_num_experts = 256
+        self.router_output_multiplier = None
+        self.router_score_division_eps = 1e-15
+        self.expert_bias = bias
+        self.route_scale = 1.0
+
+
+def stock_path(x, bias, off, n, tile, buf):
     """The unfused PyTorch path: routing, then the metadata from its ids."""
-    s = torch.sigmoid(x)
-    key = s + bias
-    ids = torch.topk(key, 8, dim=-1, sorted=True).indices.to(torch.int32)
-    top = s.gather(1, ids.long())
-    w = top / (top.sum(-1, keepdim=True) + 1e-15)
-    meta = torch_metadata(ids, off, n, tile, buf)
-    return ids, w, meta
-
-
-def stock_route_only(x, bias):
-    s = torch.sigmoid(x)
-    ids = torch.topk(s + bias, 8, dim=-1, sorted=True).indices
-    top = s.gather(1, ids)
-    return ids, top / (top.sum(-1, keepdim=True) + 1e-15)
+    ids, w = stock.route(x, bias)
+    return ids, w, stock.routing_metadata(ids, off, n, tile, buf)
 
 
 def main():
@@ -67,8 +67,8 @@ def main():
         no_pdl = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i], metas[i], pdl=False)) for i in range(CALLS)])
         no_meta = timer.graph_us([(lambda i=i: routing(xs[i], ids[i], ws[i])) for i in range(CALLS)])
         n_stock = 32
-        theirs = timer.graph_us([(lambda i=i: stock(xs[i], bias, OFFSET, LOCAL, TILE, bufs[i])) for i in range(n_stock)])
-        theirs_route = timer.graph_us([(lambda i=i: stock_route_only(xs[i], bias)) for i in range(n_stock)])
+        theirs = timer.graph_us([(lambda i=i: stock_path(xs[i], bias, OFFSET, LOCAL, TILE, bufs[i])) for i in range(n_stock)])
+        theirs_route = timer.graph_us([(lambda i=i: stock.route(xs[i], bias)) for i in range(n_stock)])
         x0, i0, w0, m0 = xs[0], ids[0], ws[0], metas[0]
         host = timer.host_us(lambda: routing(x0, i0, w0, m0))
         impl = routing

@@ -38,6 +38,10 @@ from .front import (
 )
 from .platform import gpu_family, sm90, sm100_family, supported_gpu
 
+# muse_decode.stock (the stock PyTorch path), muse_decode.layer (a Muse Spark
+# layer's attention + routing with the planner) and muse_decode.torch_ops (the
+# torch.library registrations) import PyTorch, so they are imported on demand.
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import muse_decode as md  # noqa: E402
+from muse_decode import stock  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -98,39 +99,8 @@ def test_bit_exact_on_ties_and_nan(routing):
 
 
 def torch_metadata(ids, off, n, tile, md_buffer):
-    """The SPEC's metadata built with PyTorch ops, into md_buffer's layout."""
-    b = ids.shape[0]
-    R = 8 * b
-    flat = ids.flatten().long()
-    j = flat - off
-    local = (j >= 0) & (j < n)
-    jc = torch.where(local, j, torch.full_like(j, n))
-    onehot = torch.nn.functional.one_hot(jc, n + 1)[:, :n]
-    count = onehot.sum(0)
-    ncta = (count + tile - 1) // tile
-    ends = torch.cumsum(ncta, 0)
-    first = ends - ncta
-    total = ends[-1]
-    jj = jc.clamp(max=n - 1)
-    rank = (torch.cumsum(onehot, 0) - onehot).gather(1, jj[:, None])[:, 0]
-    p = torch.where(local, first[jj] * tile + rank, torch.full_like(j, -1))
-    g = torch.arange(R, device=ids.device)
-    eg = torch.searchsorted(ends, g, right=True).clamp(max=n - 1)
-    limit = torch.minimum((g + 1) * tile, first[eg] * tile + count[eg])
-    perm = torch.full((R * tile + 1,), -1, dtype=torch.long, device=ids.device)
-    perm.scatter_(0, torch.where(local, p, torch.full_like(p, R * tile)), torch.arange(R, device=ids.device) // 8)
-    out = md_buffer.clone()
-    f = md.RoutingMetadata(out, off, n, tile).fields(b)
-    f["total_num_padded_tokens"].fill_(0).add_((total * tile).int())
-    f["num_non_exiting_ctas"].fill_(0).add_(total.int())
-    f["expanded_idx_to_permuted_idx"].copy_(p)
-    cta = g < total
-    f["cta_idx_xy_to_batch_idx"].copy_(torch.where(cta, eg, f["cta_idx_xy_to_batch_idx"].long()))
-    f["cta_idx_xy_to_mn_limit"].copy_(torch.where(cta, limit, f["cta_idx_xy_to_mn_limit"].long()))
-    rows = torch.arange(R * tile, device=ids.device) < total * tile
-    pt = f["permuted_idx_to_token_idx"]
-    pt[: R * tile].copy_(torch.where(rows, perm[: R * tile], pt[: R * tile].long()))
-    return out
+    """The SPEC's metadata built with PyTorch ops (muse_decode.stock), into md_buffer's layout."""
+    return stock.routing_metadata(ids, off, n, tile, md_buffer)
 
 
 @pytest.mark.parametrize("tile", [8, 16, 32, 64, 128, 256])

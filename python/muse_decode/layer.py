@@ -1,0 +1,218 @@
+"""A Muse Spark decoder layer's attention and MoE routing on one rank, as an
+engine runs its verify step: the fused ops where the planner sends them
+(8-token verify steps on a supported GPU, supported layers), the stock PyTorch
+path everywhere else. The module carries the attributes of vLLM's Muse Spark
+layers, so the package's checks read it as they would read vLLM's.
+
+The MoE experts themselves are not part of this module: it ends with the
+routing (ids, weights and the routed GEMMs' metadata)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from . import stock
+from .attention import attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
+from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
+from .front import launch_qkv_front, qkv_front_workspace_bytes, split_qkv, unsupported_projection
+from .platform import supported_gpu
+from .routing import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
+
+ROPE_THETA = 500000.0
+SLIDING_WINDOW = 2048
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which ops of a step run fused (True) or on the stock path (False), and why not."""
+
+    front: bool
+    attention: bool
+    routing: bool
+    reason: str | None = None
+
+
+def rope_table(max_pos: int, device=None) -> torch.Tensor:
+    """The fp32 interleaved RoPE table [max_pos, 64] (cos in 0:32, sin in 32:64), theta 500000."""
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
+    angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    return torch.cat((angles.cos(), angles.sin()), -1).float()
+
+
+class MuseSparkAttentionRouting(torch.nn.Module):
+    """Attention (QKV front, paged attention with o-norm and gate, o_proj) and
+    MoE routing of layer `layer_idx` on rank `tp_rank` of `tp_size`: this rank's
+    KV heads (16 / tp_size) and experts (256 / tp_size, expert parallel).
+
+    forward() takes the step's hidden states x [T, 8192] (bf16), positions and
+    slot_mapping [T] (int64), the paged KV cache [pages, KVH, 16, 128] (bf16),
+    block_table [R, pages per request] and seq_lens [R] (int32, counting the
+    step's tokens), and returns (hidden after attention + residual, ids,
+    weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
+    partial sums of the ranks are added."""
+
+    def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
+                 device=None, dtype=torch.bfloat16, seed: int = 0, tile_n: int = 128):
+        super().__init__()
+        if 16 % tp_size or NUM_EXPERTS % tp_size:
+            raise ValueError(f"tp_size must divide 16 KV heads and 256 experts, got {tp_size}")
+        g = torch.Generator(device="cpu").manual_seed(seed * 1000 + layer_idx)
+        kvh = 16 // tp_size
+        self.layer_idx, self.tp_rank, self.tp_size = layer_idx, tp_rank, tp_size
+        self.head_dim, self.num_kv_heads, self.num_heads = HEAD_DIM, kvh, HEADS_PER_KV_HEAD * kvh
+        self.scaling, self.rms_norm_eps = SM_SCALE, RMS_NORM_EPS
+        self.use_o_norm = self.use_o_gate = True
+        self.use_rope = layer_idx % 4 != 1  # full attention (no RoPE) at layer % 4 == 1
+        self.sliding_window = SLIDING_WINDOW if self.use_rope else None
+        self.max_model_len = max_model_len
+        n = 2 * (self.num_heads + kvh) * HEAD_DIM
+
+        def randn(*shape, scale):
+            return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+        # The full model's weights are drawn with the same seed on every rank,
+        # then sliced to this rank's heads, so TP results can be compared.
+        full_q = randn(128 * HEAD_DIM, HIDDEN_SIZE, scale=HIDDEN_SIZE**-0.5)
+        full_k = randn(16 * HEAD_DIM, HIDDEN_SIZE, scale=HIDDEN_SIZE**-0.5)
+        full_v = randn(16 * HEAD_DIM, HIDDEN_SIZE, scale=HIDDEN_SIZE**-0.5)
+        full_g = randn(128 * HEAD_DIM, HIDDEN_SIZE, scale=HIDDEN_SIZE**-0.5)
+        full_o = randn(HIDDEN_SIZE, 128 * HEAD_DIM, scale=(128 * HEAD_DIM) ** -0.5)
+        qs = slice(tp_rank * self.num_heads * HEAD_DIM, (tp_rank + 1) * self.num_heads * HEAD_DIM)
+        ks = slice(tp_rank * kvh * HEAD_DIM, (tp_rank + 1) * kvh * HEAD_DIM)
+        weight = torch.cat((full_q[qs], full_k[ks], full_v[ks], full_g[qs])).contiguous()
+        assert weight.shape[0] == n
+        self.qkv_proj = SimpleNamespace(weight=weight, bias=None, quant_method=None, gather_output=False,
+                                        tp_size=tp_size)
+        self.o_proj = SimpleNamespace(weight=full_o[:, qs].contiguous())
+        self.rotary_emb = (SimpleNamespace(rotary_dim=HEAD_DIM, is_neox_style=False,
+                                           cos_sin_cache=rope_table(max_model_len, device))
+                           if self.use_rope else None)
+        self.post_attention_norm = (1.0 + 0.1 * torch.randn(HIDDEN_SIZE, generator=g)).to(device=device, dtype=dtype)
+        # The router: fp32, replicated; its output multiplier folded after loading.
+        self.router = SimpleNamespace(
+            weight=(torch.randn(NUM_EXPERTS, HIDDEN_SIZE, generator=g) * HIDDEN_SIZE**-0.5).to(device),
+            expert_bias=(torch.randn(NUM_EXPERTS, generator=g) * 0.01).to(device),
+            route_scale=1.0, router_output_multiplier=2.0**-2.5, router_score_normalization="sigmoid",
+            top_k=TOP_K, global_num_experts=NUM_EXPERTS, router_score_division_eps=1e-15)
+        fold_router_output_multiplier(self.router)
+        self.local_expert_offset = tp_rank * (NUM_EXPERTS // tp_size)
+        self.num_local_experts = NUM_EXPERTS // tp_size
+        self.tile_n = tile_n
+        self._fused_ready = False
+
+    # ---------------------------------------------------------------------
+    def unsupported(self) -> str | None:
+        """Why this layer cannot use the fused ops at all, or None."""
+        return unsupported_attn2(self) or unsupported_projection(self) or unsupported_router(self.router)
+
+    def plan(self, num_tokens: int, num_reqs: int, device) -> Plan:
+        """The verify step (8 tokens per request) goes to the fused ops on a
+        supported GPU; prefill, other lengths, unsupported layers or GPUs go
+        to the stock path. route takes at most 8 tokens, qkv_front 16."""
+        dev = torch.device(device)
+        if dev.type != "cuda" or not supported_gpu(dev.index if dev.index is not None else -1):
+            return Plan(False, False, False, "not an SM90/SM100 GPU")
+        if num_tokens != QUERY_LEN * num_reqs:
+            return Plan(False, False, False, f"{num_tokens} tokens for {num_reqs} requests is not a verify step")
+        why = self.unsupported()
+        if why is not None:
+            return Plan(False, False, False, why)
+        return Plan(num_tokens <= 16, True, num_tokens <= 8)
+
+    def prepare(self, num_reqs: int):
+        """One-time setup of the fused path for up to num_reqs requests:
+        kernel attributes, the bound routing and the workspaces (zeroed once),
+        outside graph capture."""
+        dev = self.qkv_proj.weight.device
+        prepare_attn2(dev.index or 0)
+        self.window = attn2_window(self.sliding_window, self.max_model_len)
+        self.splits = attn2_splits(self.max_model_len, self.window, self.num_kv_heads)
+        self.attn_ws = torch.zeros(max(attn2_workspace_bytes(num_reqs, self.num_kv_heads, self.splits), 16),
+                                   dtype=torch.uint8, device=dev)
+        self.front_ws = torch.zeros(qkv_front_workspace_bytes(self.num_kv_heads, dev.index or 0),
+                                    dtype=torch.uint8, device=dev)
+        self.routing = MuseRouting(self.router)
+        self._fused_ready = True
+
+    def new_metadata(self) -> torch.Tensor:
+        """A metadata buffer for this rank's experts (int32, 16-byte aligned)."""
+        return torch.full((metadata_size(self.tile_n),), -1, dtype=torch.int32, device=self.qkv_proj.weight.device)
+
+    # ---------------------------------------------------------------------
+    def forward(self, x, positions, slot_mapping, kv_cache, block_table, seq_lens, metadata, plan: Plan | None = None,
+                all_reduce=None):
+        t, r = x.shape[0], seq_lens.shape[0]
+        plan = plan or self.plan(t, r, x.device)
+        if (plan.front or plan.attention or plan.routing) and not self._fused_ready:
+            raise RuntimeError("call prepare() before a fused step (outside graph capture)")
+        cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
+        kvh = self.num_kv_heads
+        # Attention front.
+        if plan.front:
+            qkv = torch.empty(t, self.qkv_proj.weight.shape[0], dtype=x.dtype, device=x.device)
+            launch_qkv_front(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache, kvh, qkv,
+                             self.front_ws)
+        else:
+            qkv = stock.qkv_front(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache, kvh)
+        q, gate = split_qkv(qkv, kvh)
+        # Attention with o-norm and gate.
+        window = attn2_window(self.sliding_window, self.max_model_len)
+        if plan.attention:
+            attn = torch.empty(t, self.num_heads * HEAD_DIM, dtype=x.dtype, device=x.device)
+            attn2(q, gate, kv_cache, block_table, seq_lens, attn, self.attn_ws, self.max_model_len, self.window,
+                  self.splits)
+        else:
+            attn = stock.attn2(q, gate, kv_cache, block_table, seq_lens, window, self.max_model_len)
+        o = attn @ self.o_proj.weight.t()
+        if all_reduce is not None:
+            all_reduce(o)
+        h = x + o
+        # Routing of the post-attention hidden state.
+        hn = (stock.rms_norm(h) * self.post_attention_norm.float())
+        logits = hn @ self.router.weight.t()
+        if plan.routing:
+            ids = torch.empty(t, TOP_K, dtype=torch.int32, device=x.device)
+            weights = torch.empty(t, TOP_K, dtype=torch.float32, device=x.device)
+            self.routing(logits, ids, weights,
+                         RoutingMetadata(metadata, self.local_expert_offset, self.num_local_experts, self.tile_n))
+        else:
+            ids, weights = stock.route(logits, self.router.expert_bias, self.router.route_scale)
+            if t <= 8:
+                metadata = stock.routing_metadata(ids, self.local_expert_offset, self.num_local_experts, self.tile_n,
+                                                  metadata)
+        return h, ids, weights, metadata
+
+
+def paged_cache(num_pages: int, num_kv_heads: int, device=None, seed: int = 0) -> torch.Tensor:
+    """A random bf16 KV cache [pages, KVH, 16, 128] (the keys of earlier tokens)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(num_pages, num_kv_heads, 16, 2 * HEAD_DIM, generator=g).to(device=device, dtype=torch.bfloat16)
+
+
+def verify_step_inputs(seq_lens: list[int], max_model_len: int, num_pages: int, device=None, seed: int = 0):
+    """Inputs of one verify step for requests of the given lengths (each
+    counting its 8 new tokens): x, positions, slot_mapping, block_table (pages
+    shuffled over the cache), seq_lens."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    r = len(seq_lens)
+    per_req = math.ceil(max_model_len / 16)
+    need = sum(math.ceil(L / 16) for L in seq_lens)
+    if need > num_pages:
+        raise ValueError(f"{need} pages needed, the cache has {num_pages}")
+    perm = torch.randperm(num_pages, generator=g)
+    table = torch.zeros(r, per_req, dtype=torch.int32)
+    positions, slots, used = [], [], 0
+    for i, L in enumerate(seq_lens):
+        n = math.ceil(L / 16)
+        table[i, :n] = perm[used : used + n].int()
+        used += n
+        for p in range(L - QUERY_LEN, L):
+            positions.append(p)
+            slots.append(int(table[i, p // 16]) * 16 + p % 16)
+    x = (torch.randn(QUERY_LEN * r, HIDDEN_SIZE, generator=g)).to(device=device, dtype=torch.bfloat16)
+    return (x, torch.tensor(positions, device=device), torch.tensor(slots, device=device), table.to(device),
+            torch.tensor(seq_lens, dtype=torch.int32, device=device))

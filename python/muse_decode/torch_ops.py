@@ -1,0 +1,70 @@
+"""The ops registered with torch.library (namespace muse_decode), for
+torch.compile users: each is opaque to the compiler, mutates its outputs in
+place and returns nothing. Importing this module registers them (it needs
+PyTorch). Eager callers should call the package's functions directly: a
+torch.library.custom_op call costs tens of microseconds of host time
+(SPEC section 7), the direct call a few.
+
+    torch.ops.muse_decode.route(logits, bias, route_scale, ids, weights, metadata, offset, count, tile_n)
+    torch.ops.muse_decode.attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits)
+    torch.ops.muse_decode.qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _C
+from .attention import attn2 as _attn2
+from .front import launch_qkv_front as _launch_qkv_front
+from ._torch import ensure_registered
+
+_routings: dict = {}
+
+
+def _routing(bias: torch.Tensor, route_scale: float):
+    # One bound routing per (bias tensor, scale): binding checks the bias once.
+    key = (bias.data_ptr(), bias.device.index, float(route_scale))
+    r = _routings.get(key)
+    if r is None:
+        ensure_registered()
+        r = _routings[key] = _C.Routing(bias, float(route_scale))
+    return r
+
+
+@torch.library.custom_op("muse_decode::route", mutates_args=("ids", "weights", "metadata"))
+def route(logits: torch.Tensor, bias: torch.Tensor, route_scale: float, ids: torch.Tensor, weights: torch.Tensor,
+          metadata: Optional[torch.Tensor], local_expert_offset: int, num_local_experts: int, tile_n: int) -> None:
+    meta = None if metadata is None else (metadata, local_expert_offset, num_local_experts, tile_n)
+    _routing(bias, route_scale)(logits, ids, weights, meta)
+
+
+@route.register_fake
+def _(logits, bias, route_scale, ids, weights, metadata, local_expert_offset, num_local_experts, tile_n):
+    return None
+
+
+@torch.library.custom_op("muse_decode::attn2", mutates_args=("out", "workspace"))
+def attn2(q: torch.Tensor, gate: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+          seq_lens: torch.Tensor, out: torch.Tensor, workspace: Optional[torch.Tensor], max_model_len: int,
+          window: int, num_splits: int) -> None:
+    _attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits)
+
+
+@attn2.register_fake
+def _(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits):
+    return None
+
+
+@torch.library.custom_op("muse_decode::qkv_front", mutates_args=("kv_cache", "out", "workspace"))
+def qkv_front(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, cos_sin: Optional[torch.Tensor],
+              slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, out: torch.Tensor,
+              workspace: torch.Tensor) -> None:
+    _launch_qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
+
+
+@qkv_front.register_fake
+def _(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace):
+    return None
