@@ -56,6 +56,11 @@ for exe in "$BUILD"/bench_*; do
   [ -n "$ONLY" ] && [ "$op" != "$ONLY" ] && continue
   "$exe" --json "bench/results/${op}_kernel.jsonl" || status=1
 done
+if [ -z "$ONLY" ]; then
+  step "main job (muse-decode, default deployment)"
+  "$BUILD/muse-decode" --quiet || status=1
+  "$BUILD/muse-decode" --quiet --json > bench/results/muse_decode.json || status=1
+fi
 if [ -n "${OUT:-}" ]; then cp bench/results/*.json* "$OUT"/ 2>/dev/null || true; fi
 
 step "summary"
