@@ -25,6 +25,21 @@ def router(**over):
     return r
 
 
+SEED_NAMES = [  # every name of the seed's module (shared/reference/seed-cute_ops.txt)
+    "MuseRouting", "RoutingMetadata", "attn2_splits", "attn2_window", "attn2_workspace_bytes", "sm100_family",
+    "split_qkv", "supports_call", "unavailable", "unsupported_attn2", "unsupported_projection", "unsupported_router",
+]
+SPEC_NAMES = [  # SPEC section 7's list beyond the seed's
+    "attn2", "prepare_attn2", "launch_qkv_front", "fold_router_output_multiplier", "metadata_size", "gpu_family",
+]
+
+
+def test_seed_and_spec_names():
+    for name in SEED_NAMES + SPEC_NAMES:
+        assert callable(getattr(md, name, None)), name
+        assert name in md.__all__, name
+
+
 def test_names():
     for name in [
         "MuseRouting",
