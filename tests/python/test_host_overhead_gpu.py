@@ -1,0 +1,74 @@
+"""Host time of one eager call of each op through the package (SPEC section
+7: at most 5 us per op), and of the torch.library path for comparison: loops
+of 300 calls (short enough that the launch queue never fills), best of 30.
+Each test prints its numbers; the bar is asserted for the direct calls."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import muse_decode as md  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+BAR_US = 5.0
+
+
+def host_us(call, n=300, loops=30):
+    for _ in range(200):
+        call()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+@pytest.fixture(scope="module")
+def front_inputs():
+    kvh, t = 2, 8
+    x = torch.randn(t, 8192, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2304, 8192, device="cuda", dtype=torch.bfloat16) * 0.02
+    pos = torch.arange(t, device="cuda")
+    slots = torch.arange(t, device="cuda")
+    cache = torch.zeros(64, kvh, 16, 128, device="cuda", dtype=torch.bfloat16)
+    cos_sin = torch.randn(4096, 64, device="cuda")
+    out = torch.empty(t, 2304, device="cuda", dtype=torch.bfloat16)
+    ws = torch.zeros(md.qkv_front_workspace_bytes(kvh), dtype=torch.uint8, device="cuda")
+    md.prepare_qkv_front()
+    return x, w, pos, cos_sin, slots, cache, kvh, out, ws
+
+
+def test_qkv_front_host_overhead(front_inputs):
+    x, w, pos, cs, slots, cache, kvh, out, ws = front_inputs
+    direct = host_us(lambda: md.launch_qkv_front(x, w, pos, cs, slots, cache, kvh, out, ws))
+    import muse_decode.torch_ops  # noqa: F401
+
+    op = torch.ops.muse_decode.qkv_front
+    library = host_us(lambda: op(x, w, pos, cs, slots, cache, kvh, out, ws), loops=5)
+    print(f"\nqkv_front host us per call: direct {direct:.2f}, torch.library {library:.2f}")
+    assert direct <= BAR_US
+
+
+def test_attn2_host_overhead():
+    kvh, max_len = 2, 32768
+    splits = md.attn2_splits(max_len, 0, kvh)
+    q = torch.randn(8, 2304, device="cuda", dtype=torch.bfloat16)
+    qv, gv = md.split_qkv(q, kvh)
+    cache = torch.randn(2048, kvh, 16, 128, device="cuda", dtype=torch.bfloat16)
+    table = torch.arange(2048, dtype=torch.int32, device="cuda")[None, :]
+    lens = torch.tensor([max_len], dtype=torch.int32, device="cuda")
+    out = torch.empty(8, 1024, device="cuda", dtype=torch.bfloat16)
+    ws = torch.zeros(md.attn2_workspace_bytes(1, kvh, splits), dtype=torch.uint8, device="cuda")
+    md.prepare_attn2()
+    direct = host_us(lambda: md.attn2(qv, gv, cache, table, lens, out, ws, max_len, 0, splits))
+    import muse_decode.torch_ops  # noqa: F401
+
+    op = torch.ops.muse_decode.attn2
+    library = host_us(lambda: op(qv, gv, cache, table, lens, out, ws, max_len, 0, splits), loops=5)
+    print(f"\nattn2 host us per call: direct {direct:.2f}, torch.library {library:.2f}")
+    assert direct <= BAR_US
