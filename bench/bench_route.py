@@ -21,23 +21,10 @@ import harness  # noqa: E402
 
 import muse_decode as md  # noqa: E402
 
-from muse_decode import stock  # noqa: E402
+from muse_decode import layer, stock  # noqa: E402
 
 CALLS = 256  # calls per graph, each on its own input set
 TILE, OFFSET, LOCAL = 128, 0, 32  # EP8 rank: 32 local experts
-
-
-class Router:
-    """A vLLM-like Muse Spark router: just the attributes MuseRouting reads."""
-
-    def __init__(self, bias):
-        self.router_score_normalization = "sigmoid"
-        self.top_k = 8
-        self.global_num_experts = 256
-        self.router_output_multiplier = None
-        self.router_score_division_eps = 1e-15
-        self.expert_bias = bias
-        self.route_scale = 1.0
 
 
 def stock_path(x, bias, off, n, tile, buf):
@@ -50,7 +37,7 @@ def main():
     torch.manual_seed(0)
     timer = harness.Timer()
     bias = torch.randn(256, device="cuda") * 0.02
-    routing = md.MuseRouting(Router(bias))
+    routing = md.MuseRouting(layer.router(bias))
     size = md.metadata_size(TILE)
     empty_us = timer.graph_us([lambda: torch.cuda._sleep(0)] * CALLS)
     rows = []

@@ -55,20 +55,24 @@ class Timer:
         return statistics.median(times)
 
     def host_us(self, call, n: int = 300) -> float:
-        """Host microseconds per eager call: wall time of a loop of n calls,
-        short enough that the launch queue never fills (so the host never
-        waits for the GPU); best of 30 loops."""
-        for _ in range(200):
+        return host_us(call, n)
+
+
+def host_us(call, n: int = 300, loops: int = 30) -> float:
+    """Host microseconds per eager call: wall time of a loop of n calls,
+    short enough that the launch queue never fills (so the host never waits
+    for the GPU); best of `loops` loops."""
+    for _ in range(200):
+        call()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(loops):
+        t0 = time.perf_counter()
+        for _ in range(n):
             call()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
         torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(30):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            best = min(best, (time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-        return best
+    return best
 
 
 def floor_us(nbytes: int) -> float:

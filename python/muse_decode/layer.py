@@ -36,6 +36,15 @@ class Plan:
     reason: str | None = None
 
 
+def router(expert_bias, weight=None, route_scale: float = 1.0, output_multiplier: float | None = None):
+    """A Muse Spark router as vLLM's layer carries it (the attributes
+    MuseRouting and unsupported_router read), for engines and tests without
+    vLLM: sigmoid scores, top-8 of 256, division eps 1e-15."""
+    return SimpleNamespace(weight=weight, expert_bias=expert_bias, route_scale=route_scale,
+                           router_output_multiplier=output_multiplier, router_score_normalization="sigmoid",
+                           top_k=TOP_K, global_num_experts=NUM_EXPERTS, router_score_division_eps=1e-15)
+
+
 def rope_table(max_pos: int, device=None) -> torch.Tensor:
     """The fp32 interleaved RoPE table [max_pos, 64] (cos in 0:32, sin in 32:64), theta 500000."""
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
@@ -93,11 +102,9 @@ class MuseSparkAttentionRouting(torch.nn.Module):
                            if self.use_rope else None)
         self.post_attention_norm = (1.0 + 0.1 * torch.randn(HIDDEN_SIZE, generator=g)).to(device=device, dtype=dtype)
         # The router: fp32, replicated; its output multiplier folded after loading.
-        self.router = SimpleNamespace(
-            weight=(torch.randn(NUM_EXPERTS, HIDDEN_SIZE, generator=g) * HIDDEN_SIZE**-0.5).to(device),
-            expert_bias=(torch.randn(NUM_EXPERTS, generator=g) * 0.01).to(device),
-            route_scale=1.0, router_output_multiplier=2.0**-2.5, router_score_normalization="sigmoid",
-            top_k=TOP_K, global_num_experts=NUM_EXPERTS, router_score_division_eps=1e-15)
+        self.router = router(weight=(torch.randn(NUM_EXPERTS, HIDDEN_SIZE, generator=g) * HIDDEN_SIZE**-0.5).to(device),
+                             expert_bias=(torch.randn(NUM_EXPERTS, generator=g) * 0.01).to(device),
+                             output_multiplier=2.0**-2.5)
         fold_router_output_multiplier(self.router)
         self.local_expert_offset = tp_rank * (NUM_EXPERTS // tp_size)
         self.num_local_experts = NUM_EXPERTS // tp_size

@@ -3,29 +3,19 @@
 of 300 calls (short enough that the launch queue never fills), best of 30.
 Each test prints its numbers; the bar is asserted for the direct calls."""
 
-import time
+import os
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import muse_decode as md  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from harness import host_us  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 BAR_US = 5.0
-
-
-def host_us(call, n=300, loops=30):
-    for _ in range(200):
-        call()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(loops):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
 
 
 @pytest.fixture(scope="module")

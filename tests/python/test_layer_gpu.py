@@ -99,11 +99,6 @@ def test_torch_library_op_runs_and_matches_the_direct_call():
     buf_b = buf_a.clone()
     torch.ops.muse_decode.route(logits, bias, 1.0, ids_a, w_a, buf_a, 0, 32, 64)
 
-    class R:
-        router_score_normalization, top_k, global_num_experts = "sigmoid", 8, 256
-        router_output_multiplier, router_score_division_eps, route_scale = None, 1e-15, 1.0
-        expert_bias = bias
-
-    md.MuseRouting(R())(logits, ids_b, w_b, md.RoutingMetadata(buf_b, 0, 32, 64))
+    md.MuseRouting(L.router(bias))(logits, ids_b, w_b, md.RoutingMetadata(buf_b, 0, 32, 64))
     torch.cuda.synchronize()
     assert torch.equal(ids_a, ids_b) and torch.equal(w_a, w_b) and torch.equal(buf_a, buf_b)

@@ -4,26 +4,24 @@ descending sort, a left-to-right fp32 sum): ids and weights bit-identical on
 100,000+ random rows, exact ties and NaN; the metadata equal to a PyTorch
 construction of the same fields; graph capture and replay; host overhead."""
 
-import time
+import os
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import muse_decode as md  # noqa: E402
+from muse_decode import layer as L  # noqa: E402
 from muse_decode import stock  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from harness import host_us  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 
-class Router:
-    def __init__(self, bias):
-        self.router_score_normalization = "sigmoid"
-        self.top_k = 8
-        self.global_num_experts = 256
-        self.router_output_multiplier = None
-        self.router_score_division_eps = 1e-15
-        self.expert_bias = bias
-        self.route_scale = 1.0
+def Router(bias):
+    return L.router(bias)
 
 
 def formula(logits, bias, scale=1.0):
@@ -181,25 +179,12 @@ def test_bad_input_launches_nothing(routing):
 
 
 def test_host_overhead_under_5us(routing):
-    """Host time of one eager call with metadata: the wall time of loops of
-    300 calls (short enough that the launch queue never fills and the host
-    never waits for the GPU), best of 30."""
+    """Host time of one eager call with metadata (bench/harness.host_us)."""
     b = 8
     x = torch.randn(b, 256, device="cuda")
     ids = torch.empty(b, 8, dtype=torch.int32, device="cuda")
     w = torch.empty(b, 8, device="cuda")
     meta = md.RoutingMetadata(torch.zeros(md.metadata_size(128), dtype=torch.int32, device="cuda"), 0, 32, 128)
-    for _ in range(200):
-        routing(x, ids, w, meta)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(30):
-        n = 300
-        t0 = time.perf_counter()
-        for _ in range(n):
-            routing(x, ids, w, meta)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / n * 1e6)
+    best = host_us(lambda: routing(x, ids, w, meta))
     print(f"\nroute host overhead: {best:.2f} us per call")
     assert best <= 5.0
