@@ -78,6 +78,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         self.use_rope = layer_idx % 4 != 1  # full attention (no RoPE) at layer % 4 == 1
         self.sliding_window = SLIDING_WINDOW if self.use_rope else None
         self.max_model_len = max_model_len
+        self.window = attn2_window(self.sliding_window, max_model_len)  # what attn2 applies
         n = 2 * (self.num_heads + kvh) * HEAD_DIM
 
         def randn(*shape, scale):
@@ -136,7 +137,6 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         outside graph capture."""
         dev = self.qkv_proj.weight.device
         prepare_attn2(dev.index or 0)
-        self.window = attn2_window(self.sliding_window, self.max_model_len)
         self.splits = attn2_splits(self.max_model_len, self.window, self.num_kv_heads)
         self.attn_ws = torch.zeros(max(attn2_workspace_bytes(num_reqs, self.num_kv_heads, self.splits), 16),
                                    dtype=torch.uint8, device=dev)
@@ -167,13 +167,12 @@ class MuseSparkAttentionRouting(torch.nn.Module):
             qkv = stock.qkv_front(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache, kvh)
         q, gate = split_qkv(qkv, kvh)
         # Attention with o-norm and gate.
-        window = attn2_window(self.sliding_window, self.max_model_len)
         if plan.attention:
             attn = torch.empty(t, self.num_heads * HEAD_DIM, dtype=x.dtype, device=x.device)
             attn2(q, gate, kv_cache, block_table, seq_lens, attn, self.attn_ws, self.max_model_len, self.window,
                   self.splits)
         else:
-            attn = stock.attn2(q, gate, kv_cache, block_table, seq_lens, window, self.max_model_len)
+            attn = stock.attn2(q, gate, kv_cache, block_table, seq_lens, self.window, self.max_model_len)
         o = attn @ self.o_proj.weight.t()
         if all_reduce is not None:
             all_reduce(o)

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from . import _C
 from ._torch import ensure_registered
-from .constants import DIVISION_EPS, NUM_EXPERTS, ROUTING_MAX_TOKENS
+from .constants import NUM_EXPERTS
 
 
 def metadata_size(tile_n: int) -> int:
@@ -31,9 +31,7 @@ class RoutingMetadata(NamedTuple):
         expanded_idx_to_permuted_idx, cta_idx_xy_to_batch_idx and
         cta_idx_xy_to_mn_limit [8 num_tokens], permuted_idx_to_token_idx
         [8 num_tokens tile_n + 1] (its last element a guard, never written)."""
-        if not 1 <= num_tokens <= ROUTING_MAX_TOKENS:
-            raise ValueError(f"num_tokens must be in [1, {ROUTING_MAX_TOKENS}], got {num_tokens}")
-        m = self.buffer
+        m = self.buffer  # metadata_fields checks num_tokens (ValueError)
         return {name: m[off : off + n] for name, off, n in _C.metadata_fields(num_tokens, self.tile_n)}
 
 

@@ -20,10 +20,6 @@ from harness import host_us  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def Router(bias):
-    return L.router(bias)
-
-
 def formula(logits, bias, scale=1.0):
     """SPEC section 4, step by step, in PyTorch."""
     s = torch.sigmoid(logits)
@@ -59,7 +55,7 @@ def assert_same_bits(a, b):
 def routing():
     torch.manual_seed(0)
     bias = (torch.randn(256, device="cuda") * 0.02).contiguous()
-    return md.MuseRouting(Router(bias))
+    return md.MuseRouting(L.router(bias))
 
 
 def test_bit_exact_on_random_rows(routing):
@@ -87,7 +83,7 @@ def test_bit_exact_on_ties_and_nan(routing):
     x[nan_rows[:, None], cols] = float("nan")
     x[1::11, 17] = float("inf")
     x[2::13, 200] = float("-inf")
-    zero_bias = md.MuseRouting(Router(torch.zeros(256, device="cuda")))
+    zero_bias = md.MuseRouting(L.router(torch.zeros(256, device="cuda")))
     for r in (routing, zero_bias):
         ids, w = run_rows(r, x)
         ref_ids, ref_w = formula(x, r.bias)
