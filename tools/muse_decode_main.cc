@@ -26,7 +26,8 @@ Runs one Muse Spark layer's verify step (8 tokens per request) on this GPU:
 qkv_front, attn2 and route, as the served step calls them, over several
 layers' worth of random weights and KV caches. Checks each op against the CPU
 reference, then times it by CUDA-graph replay with the L2 flushed before each
-replay, beside the unfused path (cuBLAS GEMM plus plain kernels) of the same
+replay (each op launched with programmatic dependent launch, as the Python
+package launches it), beside the unfused path (cuBLAS GEMM plus plain kernels) of the same
 inputs. Without an SM90/SM100 GPU it checks the CPU reference path on a small
 shape and says why the GPU part did not run. Exit status 0 when every check
 passes.
@@ -44,7 +45,7 @@ options:
   --tile-n N      GEMM tile of the routing metadata: 8, 16, 32, 64, 128 or 256
                   (default 128)
   --calls N       calls per CUDA graph for qkv_front and attn2, 1..1024
-                  (default: the number of layers, at least 8)
+                  (default: the number of layers, at least 16)
   --replays N     timed replays, the median is reported, 5..101 (default 7)
   --cpu           run only the CPU reference path
   --json          one JSON object on stdout instead of the table

@@ -161,7 +161,8 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
                 make_tensor(slots.ptr + t0, DType::kInt64, {tn}),
                 make_tensor(cache.ptr + layer_cache * l, DType::kBFloat16, {int64_t(R) * pages_per_req, kvh, kPageSize, 128}),
                 kvh, make_tensor(out.ptr + size_t(t0) * n, DType::kBFloat16, {tn, n}),
-                make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)}), reinterpret_cast<Stream>(stream));
+                make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)}), reinterpret_cast<Stream>(stream),
+                /*pdl=*/true);  // as the package launches it
     }
   };
   auto attn_call = [&](int l) {
@@ -180,6 +181,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     a.max_model_len = L;
     a.window = window;
     a.num_splits = splits;
+    a.pdl = true;  // as the package launches it
     attn2(a, reinterpret_cast<Stream>(stream));
   };
   std::vector<OpResult> results;
@@ -327,7 +329,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   };
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-  const int op_calls = d.calls ? d.calls : std::max(layers, 8);
+  const int op_calls = d.calls ? d.calls : std::max(layers, 16);
   note(d, "timing qkv_front (fused and unfused)");
   results[0].us = time_it(op_calls, [&](int i) { front_call(i % layers); });
   results[0].unfused_us = time_it(op_calls, [&](int i) {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from . import _C
-from ._torch import ensure_registered
 
 
 def attn2_window(sliding_window: int | None, max_model_len: int) -> int:
@@ -36,13 +35,7 @@ def unsupported_attn2(layer) -> str | None:
                                 float(layer.rms_norm_eps))
 
 
-def attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len: int, window: int,
-          num_splits: int, pdl: bool = True):
-    """out = bf16(sigmoid(gate) * rmsnorm(softmax(scale q K^T) V)) for the 8
-    query rows of every request and every KV head of the rank, in one launch on
-    the current stream. seq_lens and block_table are read on the GPU, so the
-    call is graph-capturable after prepare_attn2. ValueError on bad input,
-    before any launch. Returns out."""
-    ensure_registered()
-    _C.attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits, pdl)
-    return out
+# The extension's function itself: no Python frame on the per-call path (host
+# cost, SPEC section 7). attn2(q, gate, kv_cache, block_table, seq_lens, out,
+# workspace, max_model_len, window, num_splits, pdl=True) -> out.
+attn2 = _C.attn2

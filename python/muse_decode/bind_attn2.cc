@@ -49,9 +49,14 @@ void bind_attn2(nb::module_& m) {
         a.num_splits = num_splits;
         a.pdl = pdl;
         attn2(a, current_stream(a.q.device));
+        return nb::borrow(out);
       },
       "q"_a, "gate"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "workspace"_a.none(),
-      "max_model_len"_a, "window"_a, "num_splits"_a, "pdl"_a = true);
+      "max_model_len"_a, "window"_a, "num_splits"_a, "pdl"_a = true,
+      "out = bf16(sigmoid(gate) * rmsnorm(softmax(scale q K^T) V)) for the 8 query rows of every request and\n"
+      "every KV head of the rank, in one launch on torch's current stream (programmatic dependent launch\n"
+      "unless pdl=False). seq_lens and block_table are read on the GPU, so the call is graph-capturable\n"
+      "after prepare_attn2. ValueError naming the argument on bad input, before any launch. Returns out.");
 }
 
 }  // namespace muse_decode::python

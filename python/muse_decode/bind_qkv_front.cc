@@ -60,9 +60,13 @@ void bind_qkv_front(nb::module_& m) {
         qkv_front(xr, tensor_ref(weight, "weight"), tensor_ref(positions, "positions"), tensor_ref(cos_sin, "cos_sin"),
                   tensor_ref(slots, "slot_mapping"), tensor_ref(kv_cache, "kv_cache"), num_kv_heads,
                   tensor_ref(out, "out"), tensor_ref(workspace, "workspace"), current_stream(xr.device), pdl);
+        return nb::borrow(out);
       },
-      "x"_a, "weight"_a, "positions"_a, "cos_sin"_a.none(), "slot_mapping"_a, "kv_cache"_a, "num_kv_heads"_a,
-      "out"_a, "workspace"_a, "pdl"_a = true);
+      "x"_a, "weight"_a, "positions"_a, "cos_sin_cache"_a.none(), "slot_mapping"_a, "kv_cache"_a, "num_kv_heads"_a,
+      "out"_a, "workspace"_a, "pdl"_a = true,
+      "out = [q | k | v | gate] of x W^T with q and k RMS-normed per head (and roped when cos_sin_cache is\n"
+      "given), k and v inserted into kv_cache at slot_mapping (-1: no insert), on torch's current stream.\n"
+      "ValueError naming the argument on bad input, before any launch. Returns out.");
 }
 
 }  // namespace muse_decode::python

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from . import _C
-from ._torch import ensure_registered
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD
 
 
@@ -36,7 +35,6 @@ def prepare_qkv_front() -> None:
 
 def unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out=None):
     """Why the front does not take this call (the argument, expected and actual), or None."""
-    ensure_registered()
     return _C.unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out)
 
 
@@ -47,15 +45,10 @@ def supports_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, n
     return unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out) is None
 
 
-def launch_qkv_front(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out, workspace,
-                     pdl: bool = True):
-    """out = [q | k | v | gate] of x W^T with q/k normed (and roped when
-    cos_sin_cache is given), k and v inserted into kv_cache at slot_mapping
-    (-1: no insert), on the current stream. ValueError on bad input, before
-    any launch. Returns out."""
-    ensure_registered()
-    _C.launch_qkv_front(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out, workspace, pdl)
-    return out
+# The extension's function itself: no Python frame on the per-call path (host
+# cost, SPEC section 7). launch_qkv_front(x, weight, positions, cos_sin_cache,
+# slot_mapping, kv_cache, num_kv_heads, out, workspace, pdl=True) -> out.
+launch_qkv_front = _C.launch_qkv_front
 
 
 def unsupported_projection(attn) -> str | None:
@@ -63,7 +56,6 @@ def unsupported_projection(attn) -> str | None:
     projection and rotary table (vLLM attributes: qkv_proj.quant_method, bias,
     gather_output, tp_size, weight; num_heads, num_kv_heads, head_dim,
     use_rope, rotary_emb.rotary_dim / is_neox_style / cos_sin_cache), or None."""
-    ensure_registered()
     proj = attn.qkv_proj
     quant = getattr(proj, "quant_method", None)
     quantized = quant is not None and type(quant).__name__ != "UnquantizedLinearMethod"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import _C
-from ._torch import ensure_registered
 from .constants import NUM_EXPERTS
 
 
@@ -40,7 +39,6 @@ def unsupported_router(router) -> str | None:
     router: router_score_normalization, top_k, global_num_experts,
     router_output_multiplier, router_score_division_eps, expert_bias,
     route_scale), or None when it can."""
-    ensure_registered()
     multiplier = router.router_output_multiplier
     return _C.unsupported_router(
         str(router.router_score_normalization),

@@ -54,22 +54,26 @@ void register_dtype(nb::handle dtype, int code) {
 DType dtype_of(PyObject* dtype) {
   for (const auto& [obj, code] : dtypes())
     if (obj == dtype) return static_cast<DType>(code);
-  // Slow path for tensor-like objects that are not torch tensors: by name.
+  // First sight of this dtype object: by name, then remembered by identity
+  // when it is one of torch's (they live as long as the interpreter).
   nb::str s = nb::str(nb::handle(dtype));
-  const std::string name = s.c_str();
-  if (name == "torch.float32" || name == "float32") return DType::kFloat32;
-  if (name == "torch.bfloat16" || name == "bfloat16") return DType::kBFloat16;
-  if (name == "torch.float16" || name == "float16") return DType::kFloat16;
-  if (name == "torch.int32" || name == "int32") return DType::kInt32;
-  if (name == "torch.int64" || name == "int64") return DType::kInt64;
-  if (name == "torch.uint8" || name == "uint8") return DType::kUInt8;
-  return DType::kOther;
+  std::string name = s.c_str();
+  const bool is_torch = name.rfind("torch.", 0) == 0;
+  if (is_torch) name = name.substr(6);
+  DType code = DType::kOther;
+  if (name == "float32") code = DType::kFloat32;
+  else if (name == "bfloat16") code = DType::kBFloat16;
+  else if (name == "float16") code = DType::kFloat16;
+  else if (name == "int32") code = DType::kInt32;
+  else if (name == "int64") code = DType::kInt64;
+  else if (name == "uint8") code = DType::kUInt8;
+  if (is_torch && code != DType::kOther) register_dtype(dtype, static_cast<int>(code));
+  return code;
 }
 
-TensorRef tensor_ref(nb::handle h, const char* name) {
+namespace {
+TensorRef read_tensor(PyObject* obj, const char* name) {
   TensorRef t;
-  PyObject* obj = h.ptr();
-  if (obj == Py_None) return t;
   const Names& n = names();
   nb::object shape = nb::steal(attr(obj, n.shape, false, name));
   nb::object stride = nb::steal(attr(obj, n.stride, true, name));
@@ -89,6 +93,67 @@ TensorRef tensor_ref(nb::handle h, const char* name) {
   t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(ptr.ptr())));
   nb::object dev = nb::steal(attr(obj, n.get_device, true, name));
   t.device = static_cast<int>(as_int(dev.ptr()));
+  return t;
+}
+
+void* data_ptr_of(PyObject* obj, const char* name) {
+  nb::object ptr = nb::steal(attr(obj, names().data_ptr, true, name));
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(ptr.ptr())));
+}
+
+// The memo: the attributes last read from a tensor object, found by the
+// object's address and trusted while a weak reference says that same object
+// is alive (an address reused by a new object fails that test). Direct-mapped,
+// so a layer's persistent tensors (weights, caches, workspaces, output
+// buffers) cost one data_ptr() call per call instead of five attribute reads.
+// Every check still runs on every call; only the reads are saved. The GIL
+// guards it.
+struct MemoEntry {
+  PyObject* obj = nullptr;   // borrowed: identity only
+  PyObject* weak = nullptr;  // owned weak reference to obj
+  TensorRef ref;
+};
+constexpr int kMemoBits = 10;
+MemoEntry& memo_entry(PyObject* obj) {
+  static MemoEntry table[1 << kMemoBits];
+  const uint64_t h = (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(obj)) >> 4) * 0x9E3779B97F4A7C15ull;
+  return table[h >> (64 - kMemoBits)];
+}
+
+bool alive(PyObject* weak, PyObject* obj) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  if (PyWeakref_GetRef(weak, &target) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  Py_XDECREF(target);  // identity compare only: obj is alive (the caller holds it)
+  return target == obj;
+#else
+  return PyWeakref_GetObject(weak) == obj;
+#endif
+}
+}  // namespace
+
+TensorRef tensor_ref(nb::handle h, const char* name) {
+  PyObject* obj = h.ptr();
+  if (obj == Py_None) return TensorRef{};
+  MemoEntry& e = memo_entry(obj);
+  if (e.obj == obj && e.weak && alive(e.weak, obj)) {
+    // Same live object: its storage may have been swapped (set_, .data =),
+    // which changes the data pointer; then read everything again.
+    if (data_ptr_of(obj, name) == e.ref.data) return e.ref;
+  }
+  const TensorRef t = read_tensor(obj, name);
+  PyObject* weak = PyWeakref_NewRef(obj, nullptr);
+  if (!weak) {  // not weak-referenceable: never memoised
+    PyErr_Clear();
+    return t;
+  }
+  Py_XDECREF(e.weak);
+  e.obj = obj;
+  e.weak = weak;
+  e.ref = t;
   return t;
 }
 

@@ -19,7 +19,6 @@ import torch
 from . import _C
 from .attention import attn2 as _attn2
 from .front import launch_qkv_front as _launch_qkv_front
-from ._torch import ensure_registered
 
 _routings: dict = {}
 
@@ -29,7 +28,6 @@ def _routing(bias: torch.Tensor, route_scale: float):
     key = (bias.data_ptr(), bias.device.index, float(route_scale))
     r = _routings.get(key)
     if r is None:
-        ensure_registered()
         r = _routings[key] = _C.Routing(bias, float(route_scale))
     return r
 
