@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -52,6 +53,16 @@ def rope_table(max_pos: int, device=None) -> torch.Tensor:
     return torch.cat((angles.cos(), angles.sin()), -1).float()
 
 
+class Step(NamedTuple):
+    """What one layer step returns."""
+
+    hidden: torch.Tensor  # x + o_proj(attention) [T, 8192] bf16: the residual stream
+    attn: torch.Tensor  # attention with o-norm and gate [T, heads * 64] bf16 (this rank's heads)
+    ids: torch.Tensor  # routed experts [T, 8] int32
+    weights: torch.Tensor  # their weights [T, 8] fp32
+    metadata: torch.Tensor  # routing metadata of this rank's experts (int32)
+
+
 class MuseSparkAttentionRouting(torch.nn.Module):
     """Attention (QKV front, paged attention with o-norm and gate, o_proj) and
     MoE routing of layer `layer_idx` on rank `tp_rank` of `tp_size`: this rank's
@@ -60,8 +71,8 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     forward() takes the step's hidden states x [T, 8192] (bf16), positions and
     slot_mapping [T] (int64), the paged KV cache [pages, KVH, 16, 128] (bf16),
     block_table [R, pages per request] and seq_lens [R] (int32, counting the
-    step's tokens), and returns (hidden after attention + residual, ids,
-    weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
+    step's tokens), and returns a Step (hidden after attention + residual, the
+    attention output, ids, weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
     partial sums of the ranks are added."""
 
     def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
@@ -190,7 +201,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
             if t <= 8:
                 metadata = stock.routing_metadata(ids, self.local_expert_offset, self.num_local_experts, self.tile_n,
                                                   metadata)
-        return h, ids, weights, metadata
+        return Step(h, attn, ids, weights, metadata)
 
 
 def paged_cache(num_pages: int, num_kv_heads: int, device=None, seed: int = 0) -> torch.Tensor:

@@ -1,6 +1,7 @@
 // route kernel: a cluster of b CTAs routes b <= 8 tokens (CTA t: token t) and,
 // when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of this
-// rank's experts from every token's ids, gathered in its shared memory.
+// rank's experts from every token's routes, published in its shared memory
+// by each token's CTA (ids, and the expert/token bitmaps by remote atomics).
 //
 // Latency is all that matters (at most 8 KB of logits), and each token's top 8
 // is a dependent chain of instructions, so each token gets its own SM and the
@@ -59,9 +60,6 @@ __device__ __forceinline__ void allow_dependents() {
 }
 // Cluster barrier halves: a CTA may touch another's shared memory only once
 // that CTA has started, i.e. after every thread of the cluster has arrived.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
 __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
@@ -87,7 +85,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       s_tokens[e] = 0u;
       if (e < kNumExperts / 32) s_routed[e] = 0u;
     }
-    cluster_arrive_relaxed();  // "started"; waited for before the first remote write
+    // "Started", and CTA 0's zeroed tables visible to the other CTAs' atomics:
+    // waited for before the first remote access.
+    cluster_arrive_release();
   }
   wait_for_producer();
   allow_dependents();
@@ -116,15 +116,32 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   // 3: steps 4-5, and the ids into the metadata CTA's shared memory.
   if (kMetadata) cluster_wait();  // every CTA of the cluster has started
   if (warp == 0) {
-    float sum = 0.0f;
+    // Lane k < 8 holds slot k's id and score; every lane gathers the 8 scores
+    // (independent shuffles) and adds them left to right.
+    const int id = s_slot_id[lane % kTopK];
+    const float score = s_score[id];
+    float v[kTopK];
 #pragma unroll
-    for (int k = 0; k < kTopK; ++k) sum = k == 0 ? s_score[s_slot_id[0]] : __fadd_rn(sum, s_score[s_slot_id[k]]);
+    for (int k = 0; k < kTopK; ++k) v[k] = __shfl_sync(kAll, score, k);
+    float sum = v[0];
+#pragma unroll
+    for (int k = 1; k < kTopK; ++k) sum = __fadd_rn(sum, v[k]);
     if (lane < kTopK) {
-      const int id = s_slot_id[lane];
       p.ids[t * kTopK + lane] = id;
-      p.weights[t * kTopK + lane] =
-          __fdiv_rn(__fmul_rn(s_score[id], p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
-      if (kMetadata) cg::this_cluster().map_shared_rank(&s_ids[0][0], 0)[t * kTopK + lane] = id;
+      p.weights[t * kTopK + lane] = __fdiv_rn(__fmul_rn(score, p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
+      if (kMetadata) {
+        // Publish this route in CTA 0's tables directly (distributed shared
+        // memory atomics), so CTA 0 starts on the tables after the barrier.
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.map_shared_rank(&s_ids[0][0], 0)[t * kTopK + lane] = id;
+        const int j = id - p.local_expert_offset;
+        if (j >= 0 && j < p.num_local_experts) {
+          atomicOr(cluster.map_shared_rank(&s_tokens[j], 0), 1u << t);
+          atomicOr(cluster.map_shared_rank(&s_routed[j / 32], 0), 1u << (j % 32));
+        } else {
+          p.metadata[kMetaExpandedToPermuted + t * kTopK + lane] = -1;  // another rank's expert
+        }
+      }
     }
   }
   if constexpr (!kMetadata) return;
@@ -133,19 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   cluster_arrive_release();  // every token's ids are in CTA 0's s_ids once all arrive
   cluster_wait();
   if (t != 0) return;
-  const int routes = p.num_tokens * kTopK;
   int32_t* const md = p.metadata;
-  if (threadIdx.x < routes) {
-    const int tok = threadIdx.x / kTopK;
-    const int j = s_ids[tok][threadIdx.x % kTopK] - p.local_expert_offset;
-    if (j >= 0 && j < p.num_local_experts) {
-      atomicOr(&s_tokens[j], 1u << tok);
-      atomicOr(&s_routed[j / 32], 1u << (j % 32));
-    } else {
-      md[kMetaExpandedToPermuted + threadIdx.x] = -1;  // another rank's expert
-    }
-  }
-  __syncthreads();
   const int j = threadIdx.x;
   const int tile = p.tile_n;
   // count <= num_tokens <= 8 <= tile_n: an expert with routes has exactly one
@@ -179,29 +184,25 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     }
   }
   // permuted_idx_to_token_idx for every row below total * tile, 16 bytes per
-  // store, all threads together: CTA g's first rows are the tokens of the g-th
-  // routed expert (ascending), the rest -1.
-  const int quads_log2 = __ffs(tile) - 3;  // log2(tile / 4)
+  // store: CTA g's first rows are the tokens of the g-th routed expert
+  // (ascending; count <= 8 rows), written by that expert's thread; every
+  // other row is -1, written by all threads together.
   int4* const rows = reinterpret_cast<int4*>(md + kMetaPermutedToToken);
-  for (int v = j; v < (total << quads_log2); v += kThreads) {
-    const int g = v >> quads_log2;
-    const int r0 = (v - (g << quads_log2)) * 4;
-    int out[4] = {-1, -1, -1, -1};
-    if (r0 < kRouteMaxTokens) {
-      int w = 0, below = 0;  // the g-th set bit of the routed-expert bitmap
-      while (below + __popc(s_routed[w]) <= g) below += __popc(s_routed[w++]);
-      uint32_t bits = s_routed[w];
-      for (int i = below; i < g; ++i) bits &= bits - 1u;
-      uint32_t m = s_tokens[w * 32 + __ffs(bits) - 1];
-      for (int i = 0; i < r0; ++i) m &= m - 1u;  // the tokens of earlier rows
+  const int quads_log2 = __ffs(tile) - 3;  // log2(tile / 4); tile >= 8: the first 2 quads hold the tokens
+  if (tokens != 0u) {
+    uint32_t m = tokens;
+    int out[8];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        out[q] = m ? __ffs(m) - 1 : -1;
-        m &= m - 1u;
-      }
+    for (int q = 0; q < 8; ++q) {
+      out[q] = m ? __ffs(m) - 1 : -1;
+      m &= m - 1u;
     }
-    rows[v] = make_int4(out[0], out[1], out[2], out[3]);
+    rows[(cta << quads_log2) + 0] = make_int4(out[0], out[1], out[2], out[3]);
+    rows[(cta << quads_log2) + 1] = make_int4(out[4], out[5], out[6], out[7]);
   }
+  const int quads = 1 << quads_log2;
+  for (int v = j; v < (total << quads_log2); v += kThreads)
+    if ((v & (quads - 1)) >= 2) rows[v] = make_int4(-1, -1, -1, -1);
 }
 
 }  // namespace
