@@ -1,42 +1,90 @@
 #!/usr/bin/env bash
-# attn2 on the GPU machine, in one call: builds its GPU tests and benchmark
-# for sm_90a from attn2's own sources (not the whole library, so another op's
-# work in progress cannot break the run), runs the tests, then the benchmark.
-#   bash bench/attn2_device.sh [OUT_DIR] [gtest filter]
+# attn2 on the GPU machine, in one call: builds its GPU tests and the C++
+# benchmark for sm_90a from attn2's own sources (one benchmark binary per
+# kernel variant in VARIANTS, a MUSE_ATTN2_KEY_SPLIT value each), runs the
+# tests, Nsight Compute on NCU_SHAPES, the C++ benchmarks, then (PY=1) the
+# Python package's tests and bench/bench_attn2.py with its anchors (stock
+# PyTorch and FlashInfer, JIT-built here from the wheels in .whl, or taken
+# from .fi_cache/*.so built by an earlier call). Everything it writes lands
+# in OUT_DIR (at most 8 files, for the device tool).
+#   bash bench/attn2_device.sh [OUT_DIR]
 # Needs .deps/gtest (Debian's static GoogleTest) in the tree.
 set -o pipefail
 R=$(pwd)
 OUT=${1:-${OUT:-/tmp/attn2_out}}
-FILTER=${2:-Attn2*}
 B=/tmp/attn2_build
 mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+VARIANTS=${VARIANTS:-2}
+FIRST=${VARIANTS%% *}
 CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
 NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
 t0=$(date +%s)
-nvcc $NVF -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu -o "$B/attn2.o" > "$B/ptxas.log" 2>&1 &
+stamp() { echo "# [$(( $(date +%s) - t0 )) s] $*"; }
+
+if [ "${PY:-0}" = 1 ]; then
+  # FlashInfer: install the wheels, reuse carried modules, JIT-build the rest in the background.
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export FLASHINFER_WORKSPACE_BASE=/tmp/fi_ws FLASHINFER_CUDA_ARCH_LIST=9.0a
+  # (bench_attn2.py puts carried .fi_cache/*.so where FlashInfer looks for prebuilt modules.)
+  (timeout ${FI_WARM_TIMEOUT:-240} python3 bench/bench_attn2.py --warm-flashinfer > "$B/fi_warm.log" 2>&1; echo "exit $?" >> "$B/fi_warm.log") &
+  fi_pid=$!
+  # The Python package (the whole library: the bench and the Python tests call attn2 through it).
+  (cmake -S . -B /tmp/pybuild -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS=90a -DMUSE_DECODE_PYTHON=ON \
+     -DMUSE_DECODE_TESTS=OFF -DMUSE_DECODE_TOOLS=OFF -DPython_EXECUTABLE="$(command -v python3)" > "$B/py_build.log" 2>&1 \
+   && cmake --build /tmp/pybuild --target _C >> "$B/py_build.log" 2>&1; echo "exit $?" >> "$B/py_build.log") &
+  py_pid=$!
+fi
+
+for v in $VARIANTS; do
+  nvcc $NVF -DMUSE_ATTN2_KEY_SPLIT=$v -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu \
+    -o "$B/attn2_$v.o" > "$B/ptxas_$v.log" 2>&1 &
+done
 nvcc $NVF -c bench/bench_attn2.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
 for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_attn2_gpu.cc; do
   g++ $CXXF -c "$f" -o "$B/$(basename "$f" .cc).o" > "$B/$(basename "$f" .cc).log" 2>&1 &
 done
-wait
-cat "$B"/*.log | grep -E "error|warning|Used|spill" | grep -v "^$"
+wait $(jobs -p | grep -v -e "^${fi_pid:-x}$" -e "^${py_pid:-x}$") 2>/dev/null
+for f in "$B"/*.log; do case $f in *fi_warm*|*py_build*) ;; *) grep -E "error|warning|Used|spill" "$f" | sed "s|^|$(basename "$f"): |";; esac; done
 L=$G/lib/x86_64-linux-gnu
-nvcc -o "$B/attn2_gpu_tests" "$B/attn2.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/bf16.o" "$B/tensor.o" "$B/arch.o" \
+nvcc -o "$B/attn2_gpu_tests" "$B/attn2_$FIRST.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/bf16.o" "$B/tensor.o" "$B/arch.o" \
   "$B/test_attn2_gpu.o" "$L/libgtest_main.a" "$L/libgtest.a" -lpthread || exit 2
-nvcc -o "$B/bench_attn2" "$B/bench.o" "$B/attn2.o" "$B/attn2_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
-echo "# built in $(( $(date +%s) - t0 )) s"
+for v in $VARIANTS; do
+  nvcc -o "$B/bench_attn2_$v" "$B/bench.o" "$B/attn2_$v.o" "$B/attn2_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
+done
+stamp built
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-timeout ${TEST_TIMEOUT:-200} "$B/attn2_gpu_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[ attn2|OK|FAILED|PASSED|Failure|error|Expected|Which|differs|must" | head -120
-echo "# tests exit ${PIPESTATUS[0]}"
-# Nsight Compute on chosen shapes (bench --only INDEX), one kernel each: NCU_SHAPES="2 5"
+timeout ${TEST_TIMEOUT:-200} "$B/attn2_gpu_tests" --gtest_filter="${FILTER:-Attn2*}" > "$B/tests.log" 2>&1
+echo "# tests exit $?"
+grep -E "^\[ attn2|OK|FAILED|PASSED|Failure|error|Expected|Which|differs|must" "$B/tests.log" | head -80
+stamp tests
+# Nsight Compute on chosen shapes (bench --only INDEX), one kernel each: NCU_SHAPES="5 7"
 for i in ${NCU_SHAPES:-}; do
   timeout 120 ncu --clock-control none -k regex:attn2_kernel --launch-skip 4 --launch-count 1 \
     --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section MemoryWorkloadAnalysis "$B/bench_attn2" --only "$i" > "$OUT/ncu_$i.txt" 2>&1
+    --section SchedulerStats --section MemoryWorkloadAnalysis "$B/bench_attn2_$FIRST" --only "$i" > "$B/ncu_$i.txt" 2>&1
   echo "# ncu shape $i (exit $?)"
-  grep -E "attn2_kernel|Duration|Occupancy|Block Limit|Waves Per SM|DRAM Throughput|Warp Cycles Per Issued|No Eligible|Stall|Shared Memory Configuration Size|Registers Per Thread" "$OUT/ncu_$i.txt" | head -30
+  grep -E "attn2_kernel|Duration|Achieved Occupancy|Block Limit|DRAM Throughput|Warp Cycles Per Issued|No Eligible|Issued Warp|Registers Per Thread|Stall" "$B/ncu_$i.txt" | head -24
 done
-timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2" --json "$OUT/bench_attn2.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
-echo "# bench exit ${PIPESTATUS[0]}"
+cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
+for v in $VARIANTS; do
+  stamp "bench variant $v"
+  timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_$v" --json "$OUT/bench_attn2_v$v.jsonl" ${BENCH_ARGS:-} 2>&1 | tail -12
+done
+if [ "${PY:-0}" = 1 ]; then
+  wait $py_pid; tail -3 "$B/py_build.log"
+  stamp "python package built"
+  export PYTHONPATH=/tmp/pybuild/python:$PYTHONPATH
+  timeout 120 python3 -m pytest -q -x tests/python/test_attn2_gpu.py 2>&1 | tail -4
+  wait $fi_pid; cat "$B/fi_warm.log" | grep -v "^\s*$" | tail -40
+  stamp "flashinfer warm"
+  (cd /tmp/fi_ws/.cache/flashinfer 2>/dev/null && find . -name "*.so" | tar czf "$OUT/fi_so.tgz" -T - && ls -la "$OUT/fi_so.tgz")
+  PYTHONUNBUFFERED=1 timeout ${PYBENCH_TIMEOUT:-300} python3 bench/bench_attn2.py 2>&1 | grep -v "^{" | tail -20
+  cp bench/results/attn2.json "$OUT/" 2>/dev/null
+fi
+cat "$B/tests.log" "$B/fi_warm.log" "$B/py_build.log" > "$OUT/logs.txt" 2>/dev/null
+stamp done

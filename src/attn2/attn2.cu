@@ -15,11 +15,13 @@
 // (deterministic whatever the arrival order), writes out, and resets the
 // counter for the next launch.
 //
-// Inside a CTA. Warp 4 is the producer: it reads page ids and copies whole
+// Inside a CTA. Warp 0 also produces: it reads page ids and copies whole
 // 4 KB (page, KV head) slots into shared memory with cp.async.bulk, one 8-page
-// group per stage, 3 stages, completing on mbarriers. Warps 0-3 each own 16
-// rows (two heads x 8 tokens) and run S = Q K^T and O += P V with mma.sync
-// m16n8k16 (bf16 in, fp32 accumulate), Q held in registers.
+// group per stage, 3 stages, completing on mbarriers. 8 warps compute: warps
+// w and w + 4 own rows w*16.. (two heads x 8 tokens) and take keys 0-7 and
+// 8-15 of every page, running S = Q K^T and O += P V with mma.sync m16n8k16
+// (bf16 in, fp32 accumulate); the two halves' states merge in shared memory,
+// in a fixed order, before the cluster merge.
 //
 // Bank conflicts. A key row is 256 bytes, so the 8 rows an ldmatrix reads of
 // one page would fall on the same banks (8-way conflict). Instead one 8x8
@@ -44,8 +46,21 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kRows = kVerifyLen * kHeadsPerKvHead;        // 64 query rows per (request, KV head)
-constexpr int kWarps = 4;                                  // 16 rows each; warp 0 also issues the copies
+// Key halves: warps w and w + 4 own the same 16 rows and split each page's 16
+// keys (w: keys 0-7, w + 4: keys 8-15), so a warp's S tile is 16 x 64 (32
+// registers, not 64). 8 warps of <= 128 registers, two CTAs per SM: 4 warps
+// per scheduler instead of 2 (v3 issued 38% of cycles, its warps stalled on
+// their own ldmatrix -> mma -> exp chains). MUSE_ATTN2_KEY_SPLIT=1 builds v4.
+#ifndef MUSE_ATTN2_KEY_SPLIT
+#define MUSE_ATTN2_KEY_SPLIT 2
+#endif
+constexpr int kKeySplit = MUSE_ATTN2_KEY_SPLIT;
+constexpr int kRowWarps = 4;                               // 16 rows each
+constexpr int kWarps = kRowWarps * kKeySplit;              // warp 0 also issues the copies
 constexpr int kThreads = kWarps * 32;
+constexpr int kKeyTiles = 16 / kKeySplit;                  // n-tiles of S per warp (keys of a page)
+constexpr int kMinBlocks = 2;                              // CTAs per SM
+static_assert(kKeySplit == 1 || kKeySplit == 2, "a page's 16 keys go to one or two warps");
 constexpr int kGroupPages = 8;                             // pages per stage: one per bank group
 constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
 constexpr int kStages = 3;
@@ -63,10 +78,11 @@ static_assert(kHeadDim == 64, "attn2 hard-wires head_dim 64: 4 k-steps of 16 for
 static_assert(kHeadsPerKvHead == 8 && kVerifyLen == 8,
               "attn2 hard-wires 8 heads x 8 tokens = 64 rows: 4 warps x m16");
 static_assert(kPageSize == 16, "a page is 16 keys: one n-tile pair of S per key position");
-static_assert(kRows * kMergeStride * 4 <= kSmemBytes, "the merge area reuses the stages");
+static_assert(kRows * kMergeStride * 4 + kThreads / kKeySplit * 36 * 4 <= kSmemBytes,
+              "the merge area and the key-half exchange reuse the stages");
 static_assert(kSlotBytes % 16 == 0 && kStageBytes % 128 == 0, "bulk copies need 16-byte alignment");
-static_assert(2 * (kSmemBytes + kRows * kQStride * 2 + 1024 + 1024) <= 228 * 1024,
-              "two CTAs per SM (stages, the Q tile, barriers and merge state, 1 KB reserved each)");
+static_assert(2 * (kSmemBytes + kRows * kQStride * 2 + 2048 + 1024) <= 228 * 1024,
+              "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
 
@@ -177,8 +193,8 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 }
 
 template <int kCluster>
-__global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p) {
-  static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kWarps * 32,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2Params p) {
+  static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, 16 threads per row");
 
   extern __shared__ __align__(128) uint8_t smem[];
@@ -189,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
   __shared__ int s_bad;
   __shared__ int s_last;
   __shared__ __align__(16) __nv_bfloat16 s_q[kRows * kQStride];  // row = head * 8 + token
+  __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
@@ -196,6 +213,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
   const int kvh = blockIdx.y;
   const int req = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rw = warp % kRowWarps;  // row block: rows rw*16 .. rw*16 + 15 (heads 2rw, 2rw + 1)
+  const int kh = warp / kRowWarps;  // key half: keys kh*kKeyTiles .. of every page
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -229,15 +248,16 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
   if (merger)
     gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
                                              head * kHeadDim + d);
-  uint4 qv[4];
+  constexpr int kQLoads = 4 / kKeySplit;  // 16-byte loads per lane: the two warps of a row block share them
+  uint4 qv[kQLoads];
   {
-    // Warp w: rows w*16 + r (head 2w + r / 8, token r % 8), 8 x 16 bytes each.
+    // Row block rw: rows rw*16 + r (head 2rw + r / 8, token r % 8), 8 x 16 bytes each.
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int idx = k * 32 + lane, r = idx / 8, c = idx % 8;
+    for (int k = 0; k < kQLoads; ++k) {
+      const int idx = (kh * kQLoads + k) * 32 + lane, r = idx / 8, c = idx % 8;
       qv[k] = *reinterpret_cast<const uint4*>(
           static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
-          (kvh * kHeadsPerKvHead + 2 * warp + r / 8) * kHeadDim + c * 8);
+          (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
     }
   }
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
@@ -319,15 +339,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
   }
 
   {
-    // ---- all warps: warp w owns heads 2w, 2w + 1 --------------------------------------
+    // ---- all warps: row block rw (heads 2rw, 2rw + 1), key half kh -------------------
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int idx = k * 32 + lane, r = idx / 8, c = idx % 8;
-      *reinterpret_cast<uint4*>(&s_q[(warp * 16 + r) * kQStride + c * 8]) = qv[k];
+    for (int k = 0; k < kQLoads; ++k) {
+      const int idx = (kh * kQLoads + k) * 32 + lane, r = idx / 8, c = idx % 8;
+      *reinterpret_cast<uint4*>(&s_q[(rw * 16 + r) * kQStride + c * 8]) = qv[k];
     }
-    __syncwarp();
+    if (merger) s_gate[threadIdx.x] = gate_v;
+    if (kKeySplit == 1)
+      __syncwarp();
+    else
+      __syncthreads();  // a row block's Q tile comes from two warps
     // This lane's ldmatrix row of the m16k16 Q fragments: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
-    const uint32_t q_addr = smem_addr(s_q) + (warp * 16 + lane % 8 + ((lane / 8) % 2) * 8) * (kQStride * 2) + (lane / 16) * 16;
+    const uint32_t q_addr = smem_addr(s_q) + (rw * 16 + lane % 8 + ((lane / 8) % 2) * 8) * (kQStride * 2) + (lane / 16) * 16;
     const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
     const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
     for (int it = 0; it < my_groups; ++it) {
@@ -341,11 +365,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
       // below row 7's window need masks (and, past L, zeroed V).
       const bool masked = key0 + kGroupKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
 
-      // S = Q K^T: n-tile t is key t of the 8 pages; column n = page slot.
+      // S = Q K^T: n-tile t is key kh*kKeyTiles + t of the 8 pages; column n = page slot.
       // k-step outer: one Q fragment (4 registers) live at a time.
-      float s[16][4];
+      float s[kKeyTiles][4];
 #pragma unroll
-      for (int t = 0; t < 16; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+      for (int t = 0; t < kKeyTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         uint32_t qf[4];
@@ -353,19 +377,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
         // Matrices: (key 2tp, dims 16ks..), (key 2tp, dims 16ks + 8..), then key 2tp + 1.
         const uint32_t krow = slot + (lane / 16) * kKeyBytes + (2 * ks + (lane / 8) % 2) * 16;
 #pragma unroll
-        for (int tp = 0; tp < 8; ++tp) {
+        for (int tp = 0; tp < kKeyTiles / 2; ++tp) {
           uint32_t b[4];
-          ldmatrix_x4(b, krow + 2 * tp * kKeyBytes);
+          ldmatrix_x4(b, krow + (kh * kKeyTiles + 2 * tp) * kKeyBytes);
           mma_bf16(s[2 * tp], qf, b[0], b[1]);
           mma_bf16(s[2 * tp + 1], qf, b[2], b[3]);
         }
       }
       if (masked) {
 #pragma unroll
-        for (int t = 0; t < 16; ++t)
+        for (int t = 0; t < kKeyTiles; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int j = key0 + (slot_lo + (e & 1)) * kPageSize + t;
+            const int j = key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t;
             const bool visible = j <= pos && (p.window == 0 || j > pos - p.window);
             s[t][e] = visible ? s[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
           }
@@ -374,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
       // p = exp2(s * c - m * c) with c = scale * log2(e), one FFMA per score.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
+      for (int t = 0; t < kKeyTiles; ++t) {
         mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
       }
@@ -396,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
         }
       }
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
+      for (int t = 0; t < kKeyTiles; ++t) {
         s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
         s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
         s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
@@ -406,10 +430,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
       }
       // O += P V: k-step kk covers keys 2kk (k 0..7 = slots) and 2kk + 1 (k 8..15).
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      for (int lk = 0; lk < kKeyTiles / 2; ++lk) {
+        const int kk = kh * (kKeyTiles / 2) + lk;
+        const uint32_t a[4] = {pack_bf16(s[2 * lk][0], s[2 * lk][1]), pack_bf16(s[2 * lk][2], s[2 * lk][3]),
+                               pack_bf16(s[2 * lk + 1][0], s[2 * lk + 1][1]),
+                               pack_bf16(s[2 * lk + 1][2], s[2 * lk + 1][3])};
         // Matrices: (key 2kk, dims 8c..), (key 2kk + 1, dims 8c..), then dims 8c + 8.
         const uint32_t vrow = slot + (2 * kk + (lane / 8) % 2) * kKeyBytes + kHeadDim * 2 + (lane / 16) * 16;
 #pragma unroll
@@ -435,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
       __syncwarp();
       if (lane == 0) mbar_arrive(&empty_bar[st]);
       if (warp == 0 && it + kStages < my_groups) {
-        mbar_wait(&empty_bar[st], (it / kStages) & 1);  // all 4 warps are done with this stage
+        mbar_wait(&empty_bar[st], (it / kStages) & 1);  // every warp is done with this stage
         issue(it + kStages);
       }
     }
@@ -447,16 +472,52 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
     }
   }
   if (bad) s_bad = 1;
-  __syncthreads();  // every stage consumed, s_bad set
+  float* merge_o = reinterpret_cast<float*>(smem);
+  // Key-half exchange after the merge area: 9 float4 per thread of the second
+  // half (O, then m and l), thread-minor so that both sides are conflict-free.
+  float4* xchg = reinterpret_cast<float4*>(smem + kRows * kMergeStride * 4);
+  constexpr int kHalfThreads = kRowWarps * 32;
+  if (kKeySplit == 2) __syncthreads();  // the first half may still read the last stage
+  if (kKeySplit == 2 && kh == 1) {
+    const int t = threadIdx.x - kHalfThreads;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) xchg[n * kHalfThreads + t] = make_float4(o[n][0], o[n][1], o[n][2], o[n][3]);
+    xchg[8 * kHalfThreads + t] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
+  }
+  __syncthreads();  // every stage consumed, s_bad set, the second half's state written
   allow_dependents();
+  if (kKeySplit == 2 && kh == 0) {
+    // Both halves' states, merged in a fixed order (first half, then second).
+    // The second half's warps only join the cluster barriers from here on:
+    // the merger threads are all in the first half.
+    const float4 ml = xchg[8 * kHalfThreads + threadIdx.x];
+    const float m1[2] = {ml.x, ml.y}, l1[2] = {ml.z, ml.w};
+    float a0[2], a1[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m_run[r], m1[r]);
+      const float mu = m_new == -INFINITY ? 0.0f : m_new;
+      a0[r] = fast_exp2((m_run[r] - mu) * kScaleLog2);
+      a1[r] = fast_exp2((m1[r] - mu) * kScaleLog2);
+      m_run[r] = m_new;
+      l_run[r] = a0[r] * l_run[r] + a1[r] * l1[r];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float4 v = xchg[n * kHalfThreads + threadIdx.x];
+      o[n][0] = a0[0] * o[n][0] + a1[0] * v.x;
+      o[n][1] = a0[0] * o[n][1] + a1[0] * v.y;
+      o[n][2] = a0[1] * o[n][2] + a1[1] * v.z;
+      o[n][3] = a0[1] * o[n][3] + a1[1] * v.w;
+    }
+  }
 
   // ---- this CTA's state to shared memory (over the stages) -------------------------
-  float* merge_o = reinterpret_cast<float*>(smem);
-  {
+  if (kh == 0) {
     const bool nan_rows = broken || s_bad != 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + r * 8 + lane / 4;  // = head * 8 + token
+      const int row = rw * 16 + r * 8 + lane / 4;  // = head * 8 + token
 #pragma unroll
       for (int n = 0; n < 8; ++n)
         *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
@@ -497,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
     if (merger) {
       const float inv = 1.0f / l_all;
       const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
-      finish_row(ov, gate_v, out_ptr);
+      finish_row(ov, s_gate[threadIdx.x], out_ptr);
     }
     return;
   }
@@ -527,26 +588,27 @@ __global__ void __launch_bounds__(kThreads, 2) attn2_kernel(const Attn2Params p)
   cluster.sync();
   if (!s_last || !merger) return;
   __threadfence();
-  // Merge every slice of this row in slice order.
-  float m_max = -INFINITY;
-#pragma unroll 4
-  for (int z = 0; z < active; ++z) m_max = fmaxf(m_max, __ldcg(&ws_ml[slice0 + z * kRows + row]).x);
-  float l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Merge every slice of this row in slice order, in one pass (online: one
+  // round of L2 loads instead of two; the order, hence the bits, is fixed).
+  float m_max = -INFINITY, l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
   for (int z = 0; z < active; ++z) {
     const int64_t at = slice0 + z * kRows + row;
     const float2 ml = __ldcg(&ws_ml[at]);
     const float4 ov = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
-    const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - m_max);
-    l_sum += w * ml.y;
-    f[0] += w * ov.x;
-    f[1] += w * ov.y;
-    f[2] += w * ov.z;
-    f[3] += w * ov.w;
+    const float m_new = fmaxf(m_max, ml.x);
+    const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
+    const float sc = fast_exp2(m_max - mu), w = fast_exp2(ml.x - mu);
+    m_max = m_new;
+    l_sum = sc * l_sum + w * ml.y;
+    f[0] = sc * f[0] + w * ov.x;
+    f[1] = sc * f[1] + w * ov.y;
+    f[2] = sc * f[2] + w * ov.z;
+    f[3] = sc * f[3] + w * ov.w;
   }
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
-  finish_row(ov, gate_v, out_ptr);
+  finish_row(ov, s_gate[threadIdx.x], out_ptr);
 }
 
 template <int kCluster>
