@@ -1,31 +1,37 @@
-// qkv_front kernel: y = x W^T for 1..16 tokens, q/k RMS norm, interleaved
+// qkv_front kernels: y = x W^T for 1..16 tokens, q/k RMS norm, interleaved
 // RoPE and the paged KV-cache insert in one launch (SPEC section 6). One
-// source serves sm_90a and sm_100a (TMA, mbarrier, mma.sync, PDL).
+// source serves sm_90a and sm_100a (TMA, mbarrier, mma.sync, clusters, PDL).
 //
 // The cost is reading the weight once (TP8: 37.7 MB, 9.0 us at 4.2 TB/s);
 // the math is 0.6 GFLOP at T = 16, so everything is arranged around the
-// stream of weight bytes:
-// - A persistent stream-K grid of one CTA per SM: the weight is cut into
-//   8 KB blocks (64 rows = one head, x 64 columns, one TMA box) numbered
-//   head-major, and CTA c reads blocks [c*B/G, (c+1)*B/G): the busiest SM reads
-//   one block more than the least busy one, so there is no wave tail.
-// - One producer thread keeps kStages = 10 blocks (80 KB of weight) in flight
-//   per CTA through cp.async.bulk.tensor + mbarrier; 4 consumer warps run
-//   mma.sync m16n8k16 with W as A (16 rows per warp) and x^T as B (tokens
-//   padded to 8 or 16 by the TMA's zero fill).
-// - Programmatic dependent launch: the weight does not depend on the previous
-//   kernel, so the producer issues the first 10 blocks before
-//   griddepcontrol.wait; x, positions, slots and every write come after it.
-//   The CTA uses 110 KB of shared memory, so the next kernel's CTA fits beside
-//   it and can start its own weight stream while this one finishes. A sixth
-//   warp stages each token's cos/sin row and slot in shared memory, so the
-//   epilogue in the kernel's tail reads nothing from global memory.
-// Measured (bench/NOTES-qkv_front.md): TP1 72.4-74.3 us (floor 71.9), TP8
-// 13.3-13.6 us (floor 9.0): the split-K merge at the end costs ~3.6 us there.
-// - A head cut between CTAs is summed in CTA (= K) order by the last CTA to
-//   arrive (partials in the workspace, an integer arrival counter): the bits
-//   do not depend on arrival order. That CTA then applies the epilogue: the
-//   64 rows of a tile are exactly one head, so the norm and RoPE are local.
+// stream of weight bytes. The weight is cut into 8 KB blocks (64 rows = one
+// head, x 64 columns, one TMA box); a producer thread keeps a ring of blocks
+// in flight per CTA through cp.async.bulk.tensor + mbarrier; 4 consumer warps
+// run mma.sync m16n8k16 with W as A (16 rows per warp) and x^T as B (tokens
+// padded to 8 or 16 by the TMA's zero fill). The weight does not depend on the
+// previous kernel, so the producer issues part of the ring before
+// griddepcontrol.wait (programmatic dependent launch); x, positions, slots and
+// every write come after it. A CTA stays under 113 KB of shared memory, so the
+// next kernel's CTA fits beside it and streams its own weight early.
+//
+// Two kernels, chosen per KV-head count by the table in launch_qkv_front:
+// - Cluster kernel (TP8, 2 KV heads: 36 heads): one thread-block cluster of
+//   C = 3 CTAs per head (108 CTAs, one wave), each CTA one slice of K. The
+//   non-owner CTAs push their fp32 partials into the owner's shared memory
+//   with st.async (distributed shared memory, completing on the owner's
+//   mbarrier); the owner (rank 0, the first K slice, a little longer than the
+//   others so that the partials arrive while it still streams) sums them in
+//   rank (= K) order and runs the epilogue. No workspace round trip, no
+//   arrival counter, no second pass: the v2 stream-K kernel lost ~3.6 us to
+//   that global-memory merge at TP8 (bench/NOTES-qkv_front.md).
+// - Stream-K kernel (TP1 and the rest): one CTA per SM; CTA c reads blocks
+//   [c*B/G, (c+1)*B/G) numbered head-major, so the busiest SM reads one block
+//   more than the least busy. A head cut between CTAs is summed in CTA (= K)
+//   order by the last CTA to arrive (partials in the workspace, an integer
+//   arrival counter), which then runs the epilogue. At TP1 (288 heads) the
+//   merge is a small part of 72 us.
+// Both merge in a fixed order, so the bits do not depend on timing. The 64
+// rows of a tile are exactly one head, so the norm and RoPE are local.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -35,12 +41,13 @@
 #include <cstdint>
 
 #include "muse_decode/qkv_front.h"
+#include "qkv_front_tuning.h"
 
 namespace muse_decode {
 namespace {
 
 // Tuning knobs, for timing experiments (bench/NOTES-qkv_front.md); the
-// library is built with the defaults.
+// library is built with the defaults. Run-time knobs: qkv_front_tuning.h.
 #ifndef MUSE_QKV_FRONT_STAGES
 #define MUSE_QKV_FRONT_STAGES 10
 #endif
@@ -48,20 +55,31 @@ namespace {
 #define MUSE_QKV_FRONT_L2_PROMOTION 0   // none: TP1 74.2 us against 78.4 with 256 B (H200, NOTES)
 #endif
 // MUSE_QKV_FRONT_DIAG_SKIP_TAIL / MUSE_QKV_FRONT_DIAG_NO_X: timing
-// experiments only (wrong results): skip the split-K merge and the epilogue /
-// skip the x copies (the MMAs read stale shared memory).
+// experiments only (wrong results), stream-K kernel: skip the split-K merge
+// and the epilogue / skip the x copies (the MMAs read stale shared memory).
 
 constexpr int kConsumerWarps = 4;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kProducerWarp = kConsumerWarps;     // lane 0 issues every copy
 constexpr int kStagingWarp = kConsumerWarps + 1;  // loads the epilogue's per-token inputs
 constexpr int kThreads = kConsumerThreads + 64;
-constexpr int kStages = MUSE_QKV_FRONT_STAGES;
 constexpr int kWBytes = kFrontTileRows * kFrontBlockK * 2;  // 8 KB: one TMA box of the weight
+constexpr int kYStride = kFrontTileRows + 4;  // floats per token row of the epilogue tile (no bank conflicts)
+// Two CTAs per SM (228 KB, 1 KB reserved per CTA): the next launch's CTA sits
+// beside this one and streams its weight before this one ends.
+constexpr int kSmemPerCtaBudget = 228 * 1024 / 2 - 1024;
+
+static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
+static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kWBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+static_assert(kHiddenSize % kFrontBlockK == 0, "K splits into whole blocks");
+static_assert(kHeadDim == 64 && kFrontTileRows == kHeadDim, "the epilogue maps lane l to the pair (2l, 2l+1)");
+
+// ---- stream-K kernel layout ----
+constexpr int kStages = MUSE_QKV_FRONT_STAGES;
 constexpr int kXRowsMax = kFrontMaxTokens;                  // x box: 8 or 16 token rows
 constexpr int kXBytes = kXRowsMax * kFrontBlockK * 2;       // 2 KB reserved per stage
 constexpr int kStageBytes = kWBytes + kXBytes;
-constexpr int kYStride = kFrontTileRows + 4;  // floats per token row of the epilogue tile (no bank conflicts)
 constexpr int kYBytes = kFrontMaxTokens * kYStride * 4;
 // Per-token epilogue inputs, staged once per CTA: cos | sin of the token's
 // position (64 floats) and its slot.
@@ -70,13 +88,38 @@ constexpr int kSlotOffset = kRopeOffset + kFrontMaxTokens * kHeadDim * 4;
 constexpr int kBarrierOffset = kSlotOffset + kFrontMaxTokens * 8;
 constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
 
-static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
-static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
-static_assert(kStageBytes % 1024 == 0 && kWBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
-static_assert(kHiddenSize % kFrontBlockK == 0, "K splits into whole blocks");
+static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
 static_assert(kFrontPartialBytes == kConsumerThreads * 2 * 16, "one float4 per thread and n-tile");
-static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM: the next launch starts beside this one");
-static_assert(kHeadDim == 64 && kFrontTileRows == kHeadDim, "the epilogue maps lane l to the pair (2l, 2l+1)");
+static_assert(kSmemBytes <= kSmemPerCtaBudget, "two CTAs per SM: the next launch starts beside this one");
+
+// ---- cluster kernel layout (NT n-tiles of 8 tokens) ----
+// Ring of stages (W block + x block) at offset 0, then the merge slots (the
+// owner's: one fp32 partial per other CTA of the cluster; the epilogue's
+// token-major tile reuses them once summed), the staged cos|sin rows and
+// slots, and the barriers. The stage count is what the budget leaves: NT = 1:
+// 11 stages of 9 KB; NT = 2: 10 stages of 10 KB.
+constexpr int kClusterMaxCtas = 3;  // CTAs per head
+template <int NT>
+struct ClusterLayout {
+  static constexpr int kTokens = NT * 8;
+  static constexpr int kXBytes = kTokens * kFrontBlockK * 2;
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kPartialBytes = kConsumerThreads * NT * 16;  // one float4 per thread and n-tile
+  static constexpr int kMergeBytes = (kClusterMaxCtas - 1) * kPartialBytes;
+  static constexpr int kRopeBytes = kTokens * kHeadDim * 4;
+  static constexpr int kSlotBytes = kTokens * 8;
+  static constexpr int kFixedBytes = kMergeBytes + kRopeBytes + kSlotBytes + 2 * 8;  // + staged, merged barriers
+  static constexpr int kStages = (kSmemPerCtaBudget - kFixedBytes) / (kStageBytes + 2 * 8);
+  static constexpr int kMergeOffset = kStages * kStageBytes;
+  static constexpr int kRopeOffset = kMergeOffset + kMergeBytes;
+  static constexpr int kSlotOffset = kRopeOffset + kRopeBytes;
+  static constexpr int kBarrierOffset = kSlotOffset + kSlotBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 2) * 8;
+  static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+  static_assert(kTokens * kYStride * 4 <= kMergeBytes, "the epilogue tile fits in the merge slots");
+  static_assert(kSmemBytes <= kSmemPerCtaBudget, "two CTAs per SM: the next launch starts beside this one");
+  static_assert(kStages >= 8, "at least 64 KB of weight in flight per CTA");
+};
 
 // ---------------------------------------------------------------------------
 // PTX wrappers.
@@ -102,6 +145,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// The same wait, acquiring at cluster scope: what other CTAs of the cluster
+// stored into this CTA's shared memory (st.async completing on this barrier)
+// is visible after it.
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
         : "r"(bar), "r"(parity)
@@ -149,6 +208,36 @@ __device__ __forceinline__ void consumer_sync() {
 __device__ __forceinline__ void wait_for_producer_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// Clusters and distributed shared memory.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+// Split cluster barrier: every thread arrives once at the start (releasing the
+// barrier inits); a thread waits before its first access to another CTA's
+// shared memory. Threads that exit without waiting are not waited for.
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+// The shared::cluster address of this CTA's shared address `addr` in CTA `rank`.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// 16 bytes into another CTA's shared memory, counted on its mbarrier.
+__device__ __forceinline__ void st_async_v4(uint32_t remote, float x, float y, float z, float w, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   remote),
+               "f"(x), "f"(y), "f"(z), "f"(w), "r"(remote_bar)
+               : "memory");
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows
 // written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
@@ -162,11 +251,132 @@ __device__ __forceinline__ int owner_of(int64_t blk, int64_t blocks, int ctas) {
 }
 
 // ---------------------------------------------------------------------------
-// NT: n-tiles of 8 tokens (1 for T <= 8, 2 for T <= 16).
+// Shared pieces of both kernels.
+
+// The epilogue's per-token inputs (cos | sin of each position, clamped into
+// the table, and the slots), staged in shared memory by a warp of its own so
+// that the kernel's tail reads no global memory for them. A warp of its own:
+// the producer must never wait behind these loads (run 2 in NOTES: done by the
+// producer warp's idle lanes, they delayed the producer by ~0.6 us per token).
+__device__ __forceinline__ void stage_epilogue_inputs(const QkvFrontParams& p, float* s_rope, int64_t* s_slot,
+                                                      uint32_t staged_bar, int lane) {
+  wait_for_producer_grid();
+  const int T = p.num_tokens;
+  int64_t pos = 0;
+  if (lane < T) {
+    pos = p.positions[lane];
+    pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;
+    s_slot[lane] = p.slot_mapping[lane];
+  }
+  if (p.cos_sin != nullptr) {
+    float c[kFrontMaxTokens], sn[kFrontMaxTokens];
+#pragma unroll
+    for (int t = 0; t < kFrontMaxTokens; ++t) {  // all loads in flight before the first store
+      const int64_t row = __shfl_sync(0xFFFFFFFFu, pos, t);
+      c[t] = t < T ? p.cos_sin[row * kHeadDim + lane] : 0.0f;
+      sn[t] = t < T ? p.cos_sin[row * kHeadDim + kHeadDim / 2 + lane] : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < kFrontMaxTokens; ++t) {
+      if (t < T) {
+        s_rope[t * kHeadDim + lane] = c[t];
+        s_rope[t * kHeadDim + kHeadDim / 2 + lane] = sn[t];
+      }
+    }
+  }
+  __syncwarp();
+  if (lane == 0) mbar_arrive(staged_bar);
+}
+
+// One block of 64 weight rows x 64 columns against x: the warp's 16 rows
+// (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B).
+template <int NT>
+__device__ __forceinline__ void mma_block(float (&acc)[NT][4], uint32_t w_s, uint32_t x_s, int a_row, int a_chunk,
+                                          int b_row, int b_chunk) {
+#pragma unroll
+  for (int ks = 0; ks < kFrontBlockK / 16; ++ks) {
+    uint32_t a0, a1, a2, a3;
+    ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a0, a1, a2, a3);
+    if constexpr (NT == 2) {
+      uint32_t b00, b01, b10, b11;
+      ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b00, b01, b10, b11);
+      mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
+      mma_bf16(acc[NT - 1], a0, a1, a2, a3, b10, b11);
+    } else {
+      uint32_t b00, b01;
+      ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b00, b01);
+      mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
+    }
+  }
+}
+
+// Epilogue of one head (tile) whose sums are in the consumers' fragments:
+// fragments -> ybuf[token][row], then per token (one warp each) the RMS norm
+// and RoPE of q and k heads, the bf16 row of out, and k/v into the cache.
+// Ends with a consumer barrier, so ybuf may be rewritten afterwards.
+template <int NT>
+__device__ __forceinline__ void head_epilogue(const float (&acc)[NT][4], float* ybuf, const float* s_rope,
+                                              const int64_t* s_slot, uint32_t staged_bar, bool& inputs_staged,
+                                              int tile, const QkvFrontParams& p, int warp, int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int row = warp * 16 + g, tok = nt * 8 + tq * 2;
+    ybuf[tok * kYStride + row] = acc[nt][0];
+    ybuf[(tok + 1) * kYStride + row] = acc[nt][1];
+    ybuf[tok * kYStride + row + 8] = acc[nt][2];
+    ybuf[(tok + 1) * kYStride + row + 8] = acc[nt][3];
+  }
+  consumer_sync();
+  if (!inputs_staged) {
+    mbar_wait(staged_bar, 0);
+    inputs_staged = true;
+  }
+  const int kvh = p.num_kv_heads;
+  const int q_heads = kHeadsPerKvHead * kvh;
+  // 0: q, 1: k, 2: v, 3: gate
+  const int kind = tile < q_heads ? 0 : tile < q_heads + kvh ? 1 : tile < q_heads + 2 * kvh ? 2 : 3;
+  const int kv_head = kind == 1 ? tile - q_heads : tile - q_heads - kvh;
+  for (int t = warp; t < p.num_tokens; t += kConsumerWarps) {
+    const float2 y = *reinterpret_cast<const float2*>(&ybuf[t * kYStride + 2 * lane]);
+    float y0 = y.x, y1 = y.y;
+    if (kind <= 1) {
+      // Weightless RMS norm over the head's 64 values (fixed butterfly order).
+      float ss = y0 * y0 + y1 * y1;
+#pragma unroll
+      for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
+      const float r = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
+      y0 *= r;
+      y1 *= r;
+      if (p.cos_sin != nullptr) {
+        const float c = s_rope[t * kHeadDim + lane], sn = s_rope[t * kHeadDim + kHeadDim / 2 + lane];
+        const float r0 = y0 * c - y1 * sn, r1 = y0 * sn + y1 * c;
+        y0 = r0;
+        y1 = r1;
+      }
+    }
+    const __nv_bfloat162 v = __floats2bfloat162_rn(y0, y1);
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride + tile * kFrontTileRows;
+    reinterpret_cast<__nv_bfloat162*>(out)[lane] = v;
+    if (kind == 1 || kind == 2) {
+      const int64_t slot = s_slot[t];
+      if (slot >= 0 && slot < p.num_slots) {
+        const int64_t row = ((slot / kPageSize) * kvh + kv_head) * kPageSize + slot % kPageSize;
+        __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv_cache) + row * kCacheRowWidth + (kind == 2 ? kHeadDim : 0);
+        reinterpret_cast<__nv_bfloat162*>(dst)[lane] = v;
+      }
+    }
+  }
+  consumer_sync();  // ybuf is rewritten by the next head
+}
+
+// ---------------------------------------------------------------------------
+// Stream-K kernel. NT: n-tiles of 8 tokens (1 for T <= 8, 2 for T <= 16).
+// pre_stages: ring stages issued before griddepcontrol.wait (1..kStages).
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2)
     qkv_front_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                     const QkvFrontParams p) {
+                     const QkvFrontParams p, const int pre_stages) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   float* ybuf = reinterpret_cast<float*>(smem + kStages * kStageBytes);
@@ -203,77 +413,47 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr uint32_t kTxBytes = kWBytes + NT * 8 * kFrontBlockK * 2;
 #endif
   if (warp == kStagingWarp) {
-    // Stage the epilogue's per-token inputs (cos | sin of each position,
-    // clamped into the table, and the slots) in shared memory, so that the
-    // tail of the kernel reads no global memory but the split-K partials. A
-    // warp of its own: the producer must never wait behind these loads (run
-    // 2 in NOTES: done by the producer warp's idle lanes, they delayed the
-    // producer by ~0.6 us per token).
-    wait_for_producer_grid();
-    const int T = p.num_tokens;
-    int64_t pos = 0;
-    if (lane < T) {
-      pos = p.positions[lane];
-      pos = pos < 0 ? 0 : pos >= p.max_pos ? p.max_pos - 1 : pos;
-      s_slot[lane] = p.slot_mapping[lane];
-    }
-    if (p.cos_sin != nullptr) {
-      float c[kFrontMaxTokens], sn[kFrontMaxTokens];
-#pragma unroll
-      for (int t = 0; t < kFrontMaxTokens; ++t) {  // all loads in flight before the first store
-        const int64_t row = __shfl_sync(0xFFFFFFFFu, pos, t);
-        c[t] = t < T ? p.cos_sin[row * kHeadDim + lane] : 0.0f;
-        sn[t] = t < T ? p.cos_sin[row * kHeadDim + kHeadDim / 2 + lane] : 0.0f;
-      }
-#pragma unroll
-      for (int t = 0; t < kFrontMaxTokens; ++t) {
-        s_rope[t * kHeadDim + lane] = c[t];
-        s_rope[t * kHeadDim + kHeadDim / 2 + lane] = sn[t];
-      }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_addr(staged));
+    stage_epilogue_inputs(p, s_rope, s_slot, smem_addr(staged), lane);
     return;
   }
   if (warp == kProducerWarp) {
     if (lane != 0) return;
     // ---- lane 0, the producer: streams the CTA's blocks through the ring ----
-    {
-      prefetch_tensor_map(&w_map);
-      prefetch_tensor_map(&x_map);
-      const int n = static_cast<int>(b_end - b_begin);
-      const int pre = n < kStages ? n : kStages;
-      for (int i = 0; i < pre; ++i) {
-        const int64_t b = b_begin + i;
-        const uint32_t stage = smem_addr(smem + i * kStageBytes);
-        mbar_expect_tx(smem_addr(&full[i]), kTxBytes);
-        tma_load_2d(stage, &w_map, smem_addr(&full[i]), static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK,
-                    static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
-      }
-      wait_for_producer_grid();  // x is the previous kernel's output
+    prefetch_tensor_map(&w_map);
+    prefetch_tensor_map(&x_map);
+    const int n = static_cast<int>(b_end - b_begin);
+    const int ring = n < kStages ? n : kStages;
+    const int pre = pre_stages < ring ? pre_stages : ring;
+    const auto issue_w = [&](int i, int s) {
+      const int64_t b = b_begin + i;
+      mbar_expect_tx(smem_addr(&full[s]), kTxBytes);
+      tma_load_2d(smem_addr(smem + s * kStageBytes), &w_map, smem_addr(&full[s]),
+                  static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK,
+                  static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
+    };
+    const auto issue_x = [&](int i, int s) {
 #ifndef MUSE_QKV_FRONT_DIAG_NO_X
-      for (int i = 0; i < pre; ++i) {
-        const int64_t b = b_begin + i;
-        tma_load_2d(smem_addr(smem + i * kStageBytes + kWBytes), &x_map, smem_addr(&full[i]),
-                    static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK, 0);
-      }
+      const int64_t b = b_begin + i;
+      tma_load_2d(smem_addr(smem + s * kStageBytes + kWBytes), &x_map, smem_addr(&full[s]),
+                  static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK, 0);
 #endif
-      int s = 0;
-      uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
-      for (int i = kStages; i < n; ++i) {
-        mbar_wait(smem_addr(&empty[s]), phase);
-        const int64_t b = b_begin + i;
-        const int k0 = static_cast<int>(b % kFrontBlocksPerTile) * kFrontBlockK;
-        const uint32_t stage = smem_addr(smem + s * kStageBytes);
-        mbar_expect_tx(smem_addr(&full[s]), kTxBytes);
-        tma_load_2d(stage, &w_map, smem_addr(&full[s]), k0, static_cast<int>(b / kFrontBlocksPerTile) * kFrontTileRows);
-#ifndef MUSE_QKV_FRONT_DIAG_NO_X
-        tma_load_2d(stage + kWBytes, &x_map, smem_addr(&full[s]), k0, 0);
-#endif
-        if (++s == kStages) {
-          s = 0;
-          phase ^= 1u;
-        }
+    };
+    for (int i = 0; i < pre; ++i) issue_w(i, i);
+    wait_for_producer_grid();  // x is the previous kernel's output
+    for (int i = 0; i < pre; ++i) issue_x(i, i);
+    for (int i = pre; i < ring; ++i) {  // empty stages: no consumer to wait for
+      issue_w(i, i);
+      issue_x(i, i);
+    }
+    int s = 0;
+    uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
+    for (int i = kStages; i < n; ++i) {
+      mbar_wait(smem_addr(&empty[s]), phase);
+      issue_w(i, s);
+      issue_x(i, s);
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1u;
       }
     }
     return;
@@ -282,7 +462,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   // ---- consumers ----------------------------------------------------------
   wait_for_producer_grid();  // positions, slots and every write below
   const int tid = threadIdx.x;
-  const int g = lane >> 2, tq = lane & 3;
   // ldmatrix row addresses (see swizzled()): A = the warp's 16 weight rows,
   // matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B = x rows (tokens),
   // matrices (k 0-7 | 8-15) x (tokens 0-7 | 8-15).
@@ -310,22 +489,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     for (; b < seg_end; ++b) {
       mbar_wait(smem_addr(&full[s]), phase);
-      const uint32_t w_s = smem_addr(smem + s * kStageBytes), x_s = w_s + kWBytes;
-#pragma unroll
-      for (int ks = 0; ks < kFrontBlockK / 16; ++ks) {
-        uint32_t a0, a1, a2, a3;
-        ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a0, a1, a2, a3);
-        if constexpr (NT == 2) {
-          uint32_t b00, b01, b10, b11;
-          ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b00, b01, b10, b11);
-          mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
-          mma_bf16(acc[NT - 1], a0, a1, a2, a3, b10, b11);
-        } else {
-          uint32_t b00, b01;
-          ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b00, b01);
-          mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
-        }
-      }
+      const uint32_t w_s = smem_addr(smem + s * kStageBytes);
+      mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
       if (++s == kStages) {
@@ -375,61 +540,156 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
-
-    // ---- epilogue of one head: fragments -> ybuf[token][row] ----
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int row = warp * 16 + g, tok = nt * 8 + tq * 2;
-      ybuf[tok * kYStride + row] = acc[nt][0];
-      ybuf[(tok + 1) * kYStride + row] = acc[nt][1];
-      ybuf[tok * kYStride + row + 8] = acc[nt][2];
-      ybuf[(tok + 1) * kYStride + row + 8] = acc[nt][3];
-    }
-    consumer_sync();
-    if (!inputs_staged) {
-      mbar_wait(smem_addr(staged), 0);
-      inputs_staged = true;
-    }
-    const int q_heads = kHeadsPerKvHead * kvh;
-    // 0: q, 1: k, 2: v, 3: gate
-    const int kind = tile < q_heads ? 0 : tile < q_heads + kvh ? 1 : tile < q_heads + 2 * kvh ? 2 : 3;
-    const int kv_head = kind == 1 ? tile - q_heads : tile - q_heads - kvh;
-    for (int t = warp; t < p.num_tokens; t += kConsumerWarps) {
-      const float2 y = *reinterpret_cast<const float2*>(&ybuf[t * kYStride + 2 * lane]);
-      float y0 = y.x, y1 = y.y;
-      if (kind <= 1) {
-        // Weightless RMS norm over the head's 64 values (fixed butterfly order).
-        float ss = y0 * y0 + y1 * y1;
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
-        const float r = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
-        y0 *= r;
-        y1 *= r;
-        if (p.cos_sin != nullptr) {
-          const float c = s_rope[t * kHeadDim + lane], sn = s_rope[t * kHeadDim + kHeadDim / 2 + lane];
-          const float r0 = y0 * c - y1 * sn, r1 = y0 * sn + y1 * c;
-          y0 = r0;
-          y1 = r1;
-        }
-      }
-      const __nv_bfloat162 v = __floats2bfloat162_rn(y0, y1);
-      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + t * p.out_stride + tile * kFrontTileRows;
-      reinterpret_cast<__nv_bfloat162*>(out)[lane] = v;
-      if (kind == 1 || kind == 2) {
-        const int64_t slot = s_slot[t];
-        if (slot >= 0 && slot < p.num_slots) {
-          const int64_t row = ((slot / kPageSize) * kvh + kv_head) * kPageSize + slot % kPageSize;
-          __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.kv_cache) + row * kCacheRowWidth + (kind == 2 ? kHeadDim : 0);
-          reinterpret_cast<__nv_bfloat162*>(dst)[lane] = v;
-        }
-      }
-    }
-    consumer_sync();  // ybuf is rewritten by the next head
+    head_epilogue<NT>(acc, ybuf, s_rope, s_slot, smem_addr(staged), inputs_staged, tile, p, warp, lane);
   }
 }
 
 // ---------------------------------------------------------------------------
-// Host side: tensor maps and the launch.
+// Cluster kernel: one cluster of `split.ctas` CTAs per head (cluster id =
+// head). Rank 0, the owner, streams K blocks [0, owner_blocks); rank r >= 1
+// streams the next equal share, the last rank up to the end of K.
+struct ClusterSplit {
+  int ctas;          // CTAs per head = the cluster size, 1..kClusterMaxCtas
+  int owner_blocks;  // K blocks of rank 0
+  int pre_stages;    // ring stages issued before griddepcontrol.wait
+};
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 2)
+    qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                             const QkvFrontParams p, const ClusterSplit split) {
+  using L = ClusterLayout<NT>;
+  constexpr int S = L::kStages;
+  // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
+  // period), checked at entry.
+  extern __shared__ __align__(1024) uint8_t smem[];
+  float* merge = reinterpret_cast<float*>(smem + L::kMergeOffset);  // [ctas - 1][128 threads][NT] float4
+  float* ybuf = merge;                                               // reused once the partials are summed
+  float* s_rope = reinterpret_cast<float*>(smem + L::kRopeOffset);
+  int64_t* s_slot = reinterpret_cast<int64_t*>(smem + L::kSlotOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
+  uint64_t* empty = full + S;
+  uint64_t* staged = empty + S;   // the epilogue inputs are in s_rope / s_slot
+  uint64_t* merged = staged + 1;  // owner: every other CTA's partial has landed
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t rank = cluster_ctarank();
+  const int head = static_cast<int>(cluster_id_x());
+  const int C = split.ctas;
+  const int other = C > 1 ? (kFrontBlocksPerTile - split.owner_blocks) / (C - 1) : 0;
+  const int k_begin = rank == 0 ? 0 : split.owner_blocks + (static_cast<int>(rank) - 1) * other;
+  const int k_end = rank == 0 ? split.owner_blocks : static_cast<int>(rank) == C - 1 ? kFrontBlocksPerTile : k_begin + other;
+
+  if (threadIdx.x == 0) {
+    if (smem_addr(smem) & 1023u) __trap();  // the swizzle addressing below needs it
+    for (int s = 0; s < S; ++s) {
+      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&empty[s]), kConsumerWarps);
+    }
+    mbar_init(smem_addr(staged), 1);
+    mbar_init(smem_addr(merged), 1);
+    // The owner's own arrival, expecting the others' partials (none: C = 1).
+    if (rank == 0) mbar_expect_tx(smem_addr(merged), static_cast<uint32_t>((C - 1) * L::kPartialBytes));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  cluster_arrive_release();
+  allow_dependent_grid();
+
+  constexpr uint32_t kTxBytes = L::kStageBytes;
+  if (warp == kStagingWarp) {
+    if (rank == 0) stage_epilogue_inputs(p, s_rope, s_slot, smem_addr(staged), lane);
+    return;
+  }
+  if (warp == kProducerWarp) {
+    if (lane != 0) return;
+    prefetch_tensor_map(&w_map);
+    prefetch_tensor_map(&x_map);
+    const int n = k_end - k_begin;
+    const int ring = n < S ? n : S;
+    const int pre = split.pre_stages < ring ? split.pre_stages : ring;
+    const auto issue_w = [&](int i, int s) {
+      mbar_expect_tx(smem_addr(&full[s]), kTxBytes);
+      tma_load_2d(smem_addr(smem + s * L::kStageBytes), &w_map, smem_addr(&full[s]), (k_begin + i) * kFrontBlockK,
+                  head * kFrontTileRows);
+    };
+    const auto issue_x = [&](int i, int s) {
+      tma_load_2d(smem_addr(smem + s * L::kStageBytes + kWBytes), &x_map, smem_addr(&full[s]),
+                  (k_begin + i) * kFrontBlockK, 0);
+    };
+    for (int i = 0; i < pre; ++i) issue_w(i, i);
+    wait_for_producer_grid();  // x is the previous kernel's output
+    // The empty stages first: the weight keeps HBM busy from the moment the
+    // previous grid is done, before the consumers have x.
+    for (int i = pre; i < ring; ++i) issue_w(i, i);
+    for (int i = 0; i < ring; ++i) issue_x(i, i);
+    int s = 0;
+    uint32_t phase = 0;
+    for (int i = S; i < n; ++i) {
+      mbar_wait(smem_addr(&empty[s]), phase);
+      issue_w(i, s);
+      issue_x(i, s);
+      if (++s == S) {
+        s = 0;
+        phase ^= 1u;
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----------------------------------------------------------
+  wait_for_producer_grid();  // positions, slots and every write below
+  const int tid = threadIdx.x;
+  const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
+  const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  int s = 0;
+  uint32_t phase = 0;
+  for (int i = k_begin; i < k_end; ++i) {
+    mbar_wait(smem_addr(&full[s]), phase);
+    const uint32_t w_s = smem_addr(smem + s * L::kStageBytes);
+    mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+    if (++s == S) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+
+  constexpr int kPartialFloats = L::kPartialBytes / 4;
+  if (rank != 0) {
+    // Push the partial into slot rank-1 of the owner; its barrier counts the bytes.
+    cluster_wait_acquire();  // the owner's barrier is initialised
+    const uint32_t slot = smem_addr(merge + (rank - 1) * kPartialFloats + tid * NT * 4);
+    const uint32_t remote = map_to_rank(slot, 0), remote_bar = map_to_rank(smem_addr(merged), 0);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) st_async_v4(remote + nt * 16, acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3], remote_bar);
+    return;
+  }
+  // Owner: the others' partials, added in rank (= K) order.
+  mbar_wait_cluster(smem_addr(merged), 0);
+  for (int c = 1; c < C; ++c) {
+    const float4* part = reinterpret_cast<const float4*>(merge + (c - 1) * kPartialFloats) + tid * NT;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float4 v = part[nt];
+      acc[nt][0] += v.x;
+      acc[nt][1] += v.y;
+      acc[nt][2] += v.z;
+      acc[nt][3] += v.w;
+    }
+  }
+  consumer_sync();  // every partial is read before ybuf overwrites the slots
+  bool inputs_staged = false;
+  head_epilogue<NT>(acc, ybuf, s_rope, s_slot, smem_addr(staged), inputs_staged, head, p, warp, lane);
+}
+
+// ---------------------------------------------------------------------------
+// Host side: tensor maps and the launches.
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
@@ -458,18 +718,30 @@ bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stri
 }
 
 // The dynamic shared-memory limit is raised once per device and kernel.
-template <int NT>
-cudaError_t prepare_kernel() {
-  static std::atomic<uint64_t> done{0};
+template <typename Kernel>
+cudaError_t prepare_once(std::atomic<uint64_t>& done, Kernel kernel, int smem_bytes) {
   int dev = 0;
   if (cudaError_t err = cudaGetDevice(&dev)) return err;
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(qkv_front_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_relaxed);
   return err;
 }
+
+template <int NT>
+cudaError_t prepare_kernel() {
+  static std::atomic<uint64_t> done{0};
+  return prepare_once(done, qkv_front_kernel<NT>, kSmemBytes);
+}
+
+template <int NT>
+cudaError_t prepare_cluster_kernel() {
+  static std::atomic<uint64_t> done{0};
+  return prepare_once(done, qkv_front_cluster_kernel<NT>, ClusterLayout<NT>::kSmemBytes);
+}
+
+qkv_front_tuning::Tuning g_tuning;  // all zero: the library's choices
 
 template <int NT>
 cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
@@ -478,6 +750,7 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
   if (!make_map(&w_map, p.weight, qkv_width(p.num_kv_heads), kHiddenSize, kFrontTileRows) ||
       !make_map(&x_map, p.x, p.num_tokens, p.x_stride, NT * 8))
     return cudaErrorInvalidValue;
+  const int pre = g_tuning.streamk_pre_stages > 0 ? g_tuning.streamk_pre_stages : kStages;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(p.num_ctas);
   config.blockDim = dim3(kThreads);
@@ -488,23 +761,116 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = p.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, qkv_front_kernel<NT>, w_map, x_map, p);
+  return cudaLaunchKernelEx(&config, qkv_front_kernel<NT>, w_map, x_map, p, pre);
+}
+
+// Cluster kernel defaults (H200 runs in bench/NOTES-qkv_front.md, v3).
+constexpr int kDefaultClusterCtas = 3;   // 36 heads x 3 = 108 CTAs at TP8: one wave, 2 CTAs/SM room
+constexpr int kDefaultOwnerBlocks = 44;  // of 128: the owner streams 2 blocks more than the others (42)
+// Every stage before the wait: run 4 measured 10.45 / 11.69 us (T = 1 / 9)
+// against 10.67 / 12.26 with 4 stages left for after it.
+template <int NT>
+constexpr int default_cluster_pre_stages() { return ClusterLayout<NT>::kStages; }
+
+template <int NT>
+cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
+  if (cudaError_t err = prepare_cluster_kernel<NT>()) return err;
+  CUtensorMap w_map, x_map;
+  if (!make_map(&w_map, p.weight, qkv_width(p.num_kv_heads), kHiddenSize, kFrontTileRows) ||
+      !make_map(&x_map, p.x, p.num_tokens, p.x_stride, NT * 8))
+    return cudaErrorInvalidValue;
+  ClusterSplit split;
+  split.ctas = g_tuning.cluster_ctas > 0 ? g_tuning.cluster_ctas : kDefaultClusterCtas;
+  split.owner_blocks = g_tuning.owner_blocks > 0 ? g_tuning.owner_blocks : kDefaultOwnerBlocks;
+  split.pre_stages = g_tuning.pre_stages > 0 ? g_tuning.pre_stages : default_cluster_pre_stages<NT>();
+  if (split.ctas < 1 || split.ctas > kClusterMaxCtas || split.owner_blocks < 1 ||
+      split.owner_blocks > kFrontBlocksPerTile - (split.ctas - 1) ||
+      (split.ctas > 1 && (kFrontBlocksPerTile - split.owner_blocks) / (split.ctas - 1) < 1))
+    return cudaErrorInvalidValue;
+  if (split.ctas == 1) split.owner_blocks = kFrontBlocksPerTile;
+  const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(heads * split.ctas);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = ClusterLayout<NT>::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = split.ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = p.pdl ? 2 : 1;
+  return cudaLaunchKernelEx(&config, qkv_front_cluster_kernel<NT>, w_map, x_map, p, split);
+}
+
+// Which kernel serves a KV-head count: the cluster kernel where one cluster
+// per head fills the GPU in one wave (2 KV heads: 36 heads x 3 CTAs = 108),
+// stream-K elsewhere (1 KV head: 18 x 3 = 54 CTAs would leave half the SMs
+// idle; 4 and more: enough heads that the stream-K merge is a small part).
+enum class Path { kStreamK, kCluster };
+Path path_for(int num_kv_heads) {
+  if (g_tuning.path == 1) return Path::kStreamK;
+  if (g_tuning.path == 2 && num_kv_heads <= 2) return Path::kCluster;
+  switch (num_kv_heads) {
+    case 2: return Path::kCluster;
+    default: return Path::kStreamK;
+  }
 }
 
 }  // namespace
 
+namespace qkv_front_tuning {
+void set(const Tuning& t) { g_tuning = t; }
+Tuning get() { return g_tuning; }
+int max_active_clusters(int nt, int ctas) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ctas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.gridDim = dim3(36 * ctas);
+  config.blockDim = dim3(kThreads);
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int n = 0;
+  cudaError_t err;
+  if (nt == 1) {
+    if ((err = prepare_cluster_kernel<1>())) return -static_cast<int>(err);
+    config.dynamicSmemBytes = ClusterLayout<1>::kSmemBytes;
+    err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<1>, &config);
+  } else {
+    if ((err = prepare_cluster_kernel<2>())) return -static_cast<int>(err);
+    config.dynamicSmemBytes = ClusterLayout<2>::kSmemBytes;
+    err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<2>, &config);
+  }
+  return err ? -static_cast<int>(err) : n;
+}
+}  // namespace qkv_front_tuning
+
 int prepare_qkv_front() {
   if (!encode_tiled()) return static_cast<int>(cudaErrorNotSupported);
   if (cudaError_t err = prepare_kernel<1>()) return static_cast<int>(err);
-  return static_cast<int>(prepare_kernel<2>());
+  if (cudaError_t err = prepare_kernel<2>()) return static_cast<int>(err);
+  if (cudaError_t err = prepare_cluster_kernel<1>()) return static_cast<int>(err);
+  return static_cast<int>(prepare_cluster_kernel<2>());
 }
 
 int launch_qkv_front(const QkvFrontParams& p, Stream stream) {
   if (p.num_tokens < 1 || p.num_tokens > kFrontMaxTokens || p.num_ctas < 1 || p.workspace == nullptr)
     return static_cast<int>(cudaErrorInvalidValue);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  // Flat dispatch: 8 tokens (the verify step) and fewer take one n-tile.
-  const cudaError_t err = p.num_tokens <= 8 ? launch<1>(p, s) : launch<2>(p, s);
+  // Flat dispatch: kernel by KV-head count, then 8 tokens (the verify step)
+  // and fewer take one n-tile.
+  const bool one_tile = p.num_tokens <= 8;
+  cudaError_t err;
+  switch (path_for(p.num_kv_heads)) {
+    case Path::kCluster: err = one_tile ? launch_cluster<1>(p, s) : launch_cluster<2>(p, s); break;
+    default: err = one_tile ? launch<1>(p, s) : launch<2>(p, s); break;
+  }
   return static_cast<int>(err);
 }
 

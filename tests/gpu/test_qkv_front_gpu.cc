@@ -5,7 +5,9 @@
 // v at the given slots and untouched elsewhere (slots -1 and outside the
 // cache write nothing); out's padding untouched; graph capture then replay
 // with new inputs (two chained PDL launches sharing a workspace); the same
-// bits over 10 runs; bad input refused with nothing launched.
+// bits over 10 runs; bad input refused with nothing launched. Both kernels
+// run: 2 KV heads take the cluster kernel, the other counts stream-K, and one
+// test forces the variants of each.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include "gpu_util.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference/qkv_front.h"
+#include "../../src/qkv_front/qkv_front_tuning.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -249,6 +252,35 @@ TEST(QkvFrontGpu, EveryTokenCountAndHeadCountMatchesReference) {
       }
     std::printf("[ qkv_front ] kvh=%d: worst relative RMS error per token and head %.3e (bar %.0e)\n", kvh,
                 f.worst, kTolerance);
+  }
+}
+
+// The cluster kernel with every split the benchmark's knobs reach (CTAs per
+// head 1-3, owner slices shorter and longer than the others, stages before
+// the PDL wait) and with 1 KV head, which the dispatch table sends to the
+// stream-K kernel; the stream-K kernel with fewer stages before the wait.
+TEST(QkvFrontGpu, KernelVariantsMatchReference) {
+  SKIP_WITHOUT_GPU();
+  namespace tn = md::qkv_front_tuning;
+  struct Case {
+    int kvh;
+    tn::Tuning t;
+  };
+  const Case cases[] = {{2, {2, 1, 0, 0, 0}},  {2, {2, 2, 64, 3, 0}}, {2, {2, 2, 100, 0, 0}},
+                        {2, {2, 3, 42, 16, 0}}, {2, {2, 3, 50, 1, 0}}, {1, {2, 3, 0, 0, 0}},
+                        {2, {1, 0, 0, 0, 4}},   {16, {1, 0, 0, 0, 6}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "kvh=" << c.kvh << " path=" << c.t.path << " ctas=" << c.t.cluster_ctas
+                                      << " owner=" << c.t.owner_blocks << " pre=" << c.t.pre_stages << "/"
+                                      << c.t.streamk_pre_stages);
+    Front f(c.kvh, 41);
+    tn::set(c.t);
+    for (int T : {1, 8, 9, 16}) {
+      f.run_and_check(T, /*rope=*/T != 9, /*pdl=*/T % 2 == 0);
+      if (HasFatalFailure()) break;
+    }
+    tn::set(tn::Tuning{});
+    if (HasFatalFailure()) return;
   }
 }
 
