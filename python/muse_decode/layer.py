@@ -57,6 +57,7 @@ class Step(NamedTuple):
     """What one layer step returns."""
 
     hidden: torch.Tensor  # x + o_proj(attention) [T, 8192] bf16: the residual stream
+    qkv: torch.Tensor  # the attention front's output [T, q | k | v | gate] bf16
     attn: torch.Tensor  # attention with o-norm and gate [T, heads * 64] bf16 (this rank's heads)
     ids: torch.Tensor  # routed experts [T, 8] int32
     weights: torch.Tensor  # their weights [T, 8] fp32
@@ -72,7 +73,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     slot_mapping [T] (int64), the paged KV cache [pages, KVH, 16, 128] (bf16),
     block_table [R, pages per request] and seq_lens [R] (int32, counting the
     step's tokens), and returns a Step (hidden after attention + residual, the
-    attention output, ids, weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
+    front's and the attention's outputs, ids, weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
     partial sums of the ranks are added."""
 
     def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
@@ -201,7 +202,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
             if t <= 8:
                 metadata = stock.routing_metadata(ids, self.local_expert_offset, self.num_local_experts, self.tile_n,
                                                   metadata)
-        return Step(h, attn, ids, weights, metadata)
+        return Step(h, qkv, attn, ids, weights, metadata)
 
 
 def paged_cache(num_pages: int, num_kv_heads: int, device=None, seed: int = 0) -> torch.Tensor:

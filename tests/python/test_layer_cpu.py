@@ -116,7 +116,7 @@ def test_layer_stock_step_on_cpu():
     layer = small_layer()
     cache = L.paged_cache(32, 2)
     x, pos, slots, table, lens = L.verify_step_inputs([70], 128, 32)
-    h, _, ids, w, meta = layer(x, pos, slots, cache, table, lens, layer.new_metadata())
+    h, _, _, ids, w, meta = layer(x, pos, slots, cache, table, lens, layer.new_metadata())
     assert h.shape == x.shape and torch.isfinite(h.float()).all()
     assert ids.shape == (8, 8) and torch.allclose(w.sum(-1), torch.ones(8), atol=1e-5)
     f = md.RoutingMetadata(meta, 0, 32, 128).fields(8)
