@@ -66,15 +66,20 @@ stamp tests
 for i in ${NCU_SHAPES:-}; do
   timeout 120 ncu --clock-control none -k regex:attn2_kernel --launch-skip 4 --launch-count 1 \
     --section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section MemoryWorkloadAnalysis "$B/bench_attn2_$FIRST" --only "$i" > "$B/ncu_$i.txt" 2>&1
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "$B/bench_attn2_$FIRST" --only "$i" > "$B/ncu_$i.txt" 2>&1
   echo "# ncu shape $i (exit $?)"
-  grep -E "attn2_kernel|Duration|Achieved Occupancy|Block Limit|DRAM Throughput|Warp Cycles Per Issued|No Eligible|Issued Warp|Registers Per Thread|Stall" "$B/ncu_$i.txt" | head -24
+  grep -E "attn2_kernel|Duration|Achieved Occupancy|Block Limit Reg|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|No Eligible|Issued Warp|Eligible Warps|Executed Ipc|Pipe|L1/TEX Hit|Mem Busy|Max Bandwidth|Stall" "$B/ncu_$i.txt" | head -30
 done
 cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
 for v in $VARIANTS; do
   stamp "bench variant $v"
   timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_$v" --json "$OUT/bench_attn2_v$v.jsonl" ${BENCH_ARGS:-} 2>&1 | tail -12
 done
+# An extra run of the first variant with other arguments (an experiment): BENCH_EXTRA="--only 7,8 --splits 1"
+if [ -n "${BENCH_EXTRA:-}" ]; then
+  stamp "bench extra: $BENCH_EXTRA"
+  timeout 120 "$B/bench_attn2_$FIRST" --json "$OUT/bench_attn2_extra.jsonl" $BENCH_EXTRA 2>&1 | tail -6
+fi
 if [ "${PY:-0}" = 1 ]; then
   wait $py_pid; tail -3 "$B/py_build.log"
   stamp "python package built"
@@ -83,8 +88,8 @@ if [ "${PY:-0}" = 1 ]; then
   wait $fi_pid; cat "$B/fi_warm.log" | grep -v "^\s*$" | tail -40
   stamp "flashinfer warm"
   (cd /tmp/fi_ws/.cache/flashinfer 2>/dev/null && find . -name "*.so" | tar czf "$OUT/fi_so.tgz" -T - && ls -la "$OUT/fi_so.tgz")
-  PYTHONUNBUFFERED=1 timeout ${PYBENCH_TIMEOUT:-300} python3 bench/bench_attn2.py 2>&1 | grep -v "^{" | tail -20
-  cp bench/results/attn2.json "$OUT/" 2>/dev/null
+  PYTHONUNBUFFERED=1 timeout ${PYBENCH_TIMEOUT:-300} python3 bench/bench_attn2.py 2>&1 | grep -v "^{" | tail -${PY_TAIL:-20}
+  cp bench/results/attn2.json "$OUT/${PY_RESULT_NAME:-attn2.json}" 2>/dev/null
 fi
 cat "$B/tests.log" "$B/fi_warm.log" "$B/py_build.log" > "$OUT/logs.txt" 2>/dev/null
 stamp done

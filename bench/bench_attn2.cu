@@ -7,7 +7,8 @@
 // request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
 // 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
 //
-//   bench_attn2 [--json PATH] [--quick] [--only INDEX]
+//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N]
+// (--splits: every shape with that many slices instead of attn2_splits', an experiment)
 #include <cuda_runtime.h>
 
 #include "bench_util.h"
@@ -76,11 +77,11 @@ double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& c
   return us;
 }
 
-Result run_shape(const Shape& s, cudaStream_t stream) {
+Result run_shape(const Shape& s, cudaStream_t stream, int splits_override) {
   Result r{};
   r.s = s;
   r.window = md::attn2_window(s.sliding > 0 ? std::optional<int>(s.sliding) : std::nullopt, s.mml);
-  r.splits = md::attn2_splits(s.mml, r.window, s.kvh);
+  r.splits = splits_override > 0 ? splits_override : md::attn2_splits(s.mml, r.window, s.kvh);
   const int L = s.len;
   const int lo = r.window > 0 ? std::max(0, L - 7 - r.window) : 0;
   const int first_page = lo / 16, last_page = (L - 1) / 16;
@@ -170,10 +171,17 @@ Result run_shape(const Shape& s, cudaStream_t stream) {
 int main(int argc, char** argv) {
   const char* json_path = nullptr;
   bool quick = false;
-  int only = -1;
+  std::vector<int> only;
+  int splits_override = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      for (const char* c = argv[++i]; *c;) {
+        only.push_back(std::atoi(c));
+        while (*c && *c != ',') ++c;
+        if (*c == ',') ++c;
+      }
+    } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) splits_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   if (!md::supported_family(md::gpu_family())) {
@@ -200,11 +208,16 @@ int main(int argc, char** argv) {
       {"tp1x8", 16, 8, 131072, 0, 131072},
   };
   if (quick) shapes.resize(5);
-  if (only >= 0 && only < static_cast<int>(shapes.size())) shapes = {shapes[only]};
+  if (!only.empty()) {
+    std::vector<Shape> picked;
+    for (int i : only)
+      if (i >= 0 && i < static_cast<int>(shapes.size())) picked.push_back(shapes[i]);
+    shapes = picked;
+  }
   FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
   std::vector<Result> results;
   for (const Shape& s : shapes) {
-    const Result r = run_shape(s, stream);
+    const Result r = run_shape(s, stream, splits_override);
     results.push_back(r);
     char line[1024];
     std::snprintf(line, sizeof line,
