@@ -1,13 +1,15 @@
 // route kernel: a cluster of b CTAs routes b <= 8 tokens (CTA t: token t) and,
 // when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of this
 // rank's experts from every token's routes, published in its shared memory
-// by each token's CTA (ids, and the expert/token bitmaps by remote atomics).
+// by each token's CTA (the slot of each local route, and the expert/token
+// bitmaps by remote atomics).
 //
 // Latency is all that matters (at most 8 KB of logits), and each token's top 8
 // is a dependent chain of instructions, so each token gets its own SM and the
 // chain is kept short (bench/NOTES.md, route v7):
 //  1. each of 8 warps takes 32 experts (one per lane) and ranks them by
-//     (key, expert) words with 32 shuffles: its top 8 go to shared memory;
+//     (key, expert) with 32 shuffles of the 32-bit key (the expert is the
+//     lane): its top 8 go to shared memory;
 //  2. 64 threads rank the 64 finalists against each other: ranks 0..7 are the
 //     slots (keys descending, then experts ascending; NaN first);
 //  3. one warp sums the 8 scores left to right and writes ids and weights.
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   __shared__ uint64_t s_final[kFinalists];         // each warp's top 8
   __shared__ int s_slot_id[kTopK];                 // this token's ids, slot order
   // Metadata (the first CTA of the cluster only):
-  __shared__ int s_ids[kRouteMaxTokens][kTopK];    // every token's ids (written by their CTAs)
+  __shared__ uint8_t s_slot[kNumExperts][kRouteMaxTokens];  // slot of local expert j in token t's ids
   __shared__ uint32_t s_tokens[kNumExperts];       // bit t: token t routes to local expert j
   __shared__ uint32_t s_routed[kNumExperts / 32];  // bit j: local expert j has routes
 
@@ -98,10 +100,15 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   const float s = __frcp_rn(__fadd_rn(1.0f, expf(-x)));
   s_score[e] = s;
   const uint64_t mine = candidate(__fadd_rn(s, bias), e);
-  // 1: rank among the warp's 32 candidates.
+  // 1: rank among the warp's 32 candidates. Lane m holds expert warp*32 + m,
+  // so only the 32-bit key travels: a tie goes to the lower lane.
+  const uint32_t key = static_cast<uint32_t>(mine >> 32);
   int rank = 0;
 #pragma unroll
-  for (int m = 0; m < 32; ++m) rank += __shfl_sync(kAll, mine, m) > mine;
+  for (int m = 0; m < 32; ++m) {
+    const uint32_t other = __shfl_sync(kAll, key, m);
+    rank += other > key || (other == key && m < lane);
+  }
   if (rank < kTopK) s_final[warp * kTopK + rank] = mine;
   __syncthreads();
   // 2: rank among the 64 finalists; the first 8 are the slots (step 3).
@@ -133,9 +140,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
         // Publish this route in CTA 0's tables directly (distributed shared
         // memory atomics), so CTA 0 starts on the tables after the barrier.
         cg::cluster_group cluster = cg::this_cluster();
-        cluster.map_shared_rank(&s_ids[0][0], 0)[t * kTopK + lane] = id;
         const int j = id - p.local_expert_offset;
         if (j >= 0 && j < p.num_local_experts) {
+          *cluster.map_shared_rank(&s_slot[j][t], 0) = static_cast<uint8_t>(lane);
           atomicOr(cluster.map_shared_rank(&s_tokens[j], 0), 1u << t);
           atomicOr(cluster.map_shared_rank(&s_routed[j / 32], 0), 1u << (j % 32));
         } else {
@@ -147,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   if constexpr (!kMetadata) return;
 
   // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
-  cluster_arrive_release();  // every token's ids are in CTA 0's s_ids once all arrive
+  cluster_arrive_release();  // every token's routes are in CTA 0's tables once all arrive
   cluster_wait();
   if (t != 0) return;
   int32_t* const md = p.metadata;
@@ -173,14 +180,12 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     // indices (tokens ascending).
     md[kMetaCtaBatch + cta] = j;
     md[kMetaCtaLimit + cta] = cta * tile + __popc(tokens);  // = min((g + 1) * tile, ...) as count <= tile
-    const int expert = j + p.local_expert_offset;
     uint32_t rest = tokens;
-    for (int n = 0; rest != 0u; ++n, rest &= rest - 1u) {
-      const int tok = __ffs(rest) - 1;
-      int k = 0;
 #pragma unroll
-      for (int q = 0; q < kTopK; ++q) k = s_ids[tok][q] == expert ? q : k;
-      md[kMetaExpandedToPermuted + tok * kTopK + k] = cta * tile + n;
+    for (int n = 0; n < kRouteMaxTokens; ++n, rest &= rest - 1u) {
+      if (rest == 0u) break;
+      const int tok = __ffs(rest) - 1;
+      md[kMetaExpandedToPermuted + tok * kTopK + s_slot[j][tok]] = cta * tile + n;
     }
   }
   // permuted_idx_to_token_idx for every row below total * tile, 16 bytes per
