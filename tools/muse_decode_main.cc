@@ -5,6 +5,7 @@
 // in the same run. Without a supported GPU it runs and checks the CPU
 // reference path on a small shape and says why the GPU part did not run.
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <exception>
 #include <string>
@@ -164,8 +165,11 @@ int main(int argc, char** argv) {
   for (const auto& r : gpu_rows) pass &= r.pass;
   const Deployment& d = o.d;
   if (o.json) {
-    std::printf("{\"device\": \"%s\", \"tp\": %d, \"context\": %d, \"requests\": %d, \"layer\": \"%s\", \"pass\": %s,\n",
-                json_escape(md::describe_device()).c_str(), d.tp, d.context, d.requests, d.sliding ? "sliding" : "full",
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    std::printf("{\"date\": \"%s\", \"device\": \"%s\", \"tp\": %d, \"context\": %d, \"requests\": %d, \"layer\": \"%s\", \"pass\": %s,\n",
+                date, json_escape(md::describe_device()).c_str(), d.tp, d.context, d.requests, d.sliding ? "sliding" : "full",
                 pass ? "true" : "false");
     std::printf(" \"cpu\": [");
     for (size_t i = 0; i < cpu.size(); ++i)
