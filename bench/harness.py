@@ -54,14 +54,17 @@ class Timer:
         del graph
         return statistics.median(times)
 
-    def host_us(self, call, n: int = 300) -> float:
+    def host_us(self, call, n: int = 64) -> float:
         return host_us(call, n)
 
 
-def host_us(call, n: int = 300, loops: int = 30) -> float:
-    """Host microseconds per eager call: wall time of a loop of n calls,
-    short enough that the launch queue never fills (so the host never waits
-    for the GPU); best of `loops` loops."""
+def host_us(call, n: int = 64, loops: int = 50) -> float:
+    """Host microseconds per eager call: wall time of a loop of n calls, best
+    of `loops` loops, the GPU drained between loops. The loop is short so the
+    launch queue never fills: a call whose kernel takes longer on the GPU than
+    its launch on the host (qkv_front at TP8: ~10 us against ~4) would
+    otherwise make the host wait for queue space, and the loop would time the
+    GPU instead of the host."""
     for _ in range(200):
         call()
     torch.cuda.synchronize()
