@@ -7,9 +7,16 @@
 #   scripts/gpu_check.sh            # everything
 #   ONLY=route scripts/gpu_check.sh # one op's tests and benchmarks
 #   ARCHS="90a;100a" ...            # also compile sm_100a (default: 90a only, to save time)
+#
+# The whole log also goes to bench/results/logs/gpu_check.log. With two or
+# more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
+# the attention anchor, is used when it imports; wheels in .whl/ (see
+# bench/NOTES-attn2.md) are installed to a temporary folder first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+mkdir -p bench/results/logs
+exec > >(tee bench/results/logs/gpu_check.log) 2>&1
 BUILD=${BUILD:-build-gpu}
 ONLY=${ONLY:-}
 ARCHS=${ARCHS:-90a}
@@ -38,6 +45,11 @@ step "C++ tests"
 "$BUILD/muse_decode_gpu_tests" --gtest_brief=1 --gtest_filter="$filter" || status=1
 
 step "Python tests"
+if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import flashinfer" 2>/dev/null; then
+  site=$(mktemp -d)
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+    && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 pytest_k=()
 [ -n "$ONLY" ] && pytest_k=(-k "$ONLY or cpu")
@@ -56,14 +68,20 @@ for exe in "$BUILD"/bench_*; do
   [ -n "$ONLY" ] && [ "$op" != "$ONLY" ] && continue
   "$exe" --json "bench/results/${op}_kernel.jsonl" || status=1
 done
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "$ONLY" ] && [ "${gpus:-0}" -ge 2 ]; then
+  step "the layer at TP2 over NCCL against TP1 ($gpus GPUs)"
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    $PY tests/python/tp_layer_check.py --backend nccl --path fused || status=1
+fi
 if [ -z "$ONLY" ]; then
   step "main job (muse-decode, default deployment)"
   "$BUILD/muse-decode" --quiet || status=1
   "$BUILD/muse-decode" --quiet --json > bench/results/muse_decode.json || status=1
 fi
-if [ -n "${OUT:-}" ]; then cp bench/results/*.json* "$OUT"/ 2>/dev/null || true; fi
 
 step "summary"
 $PY bench/table.py || status=1
 echo "gpu_check: $([ $status = 0 ] && echo PASS || echo FAIL)"
+if [ -n "${OUT:-}" ]; then sleep 1; cp bench/results/*.json* bench/results/logs/gpu_check.log "$OUT"/ 2>/dev/null || true; fi
 exit $status
