@@ -83,5 +83,6 @@ fi
 step "summary"
 $PY bench/table.py || status=1
 echo "gpu_check: $([ $status = 0 ] && echo PASS || echo FAIL)"
-if [ -n "${OUT:-}" ]; then sleep 1; cp bench/results/*.json* bench/results/logs/gpu_check.log "$OUT"/ 2>/dev/null || true; fi
+# $OUT (a folder to hand the results back in, where the caller gives one): one archive.
+if [ -n "${OUT:-}" ]; then sleep 1; tar -czf "$OUT/results.tar.gz" bench/results 2>/dev/null || true; fi
 exit $status

@@ -46,7 +46,7 @@ options:
   --tile-n N      GEMM tile of the routing metadata: 8, 16, 32, 64, 128 or 256
                   (default 128)
   --calls N       calls per CUDA graph for qkv_front and attn2, 1..1024
-                  (default: the number of layers, at least 16)
+                  (default: the number of layers, at least 40)
   --replays N     timed replays, the median is reported, 5..101 (default 7)
   --cpu           run only the CPU reference path
   --json          one JSON object on stdout instead of the table

@@ -329,7 +329,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   };
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-  const int op_calls = d.calls ? d.calls : std::max(layers, 16);
+  const int op_calls = d.calls ? d.calls : std::max(layers, 40);  // as many as the benchmarks replay
   note(d, "timing qkv_front (fused and unfused)");
   results[0].us = time_it(op_calls, [&](int i) { front_call(i % layers); });
   results[0].unfused_us = time_it(op_calls, [&](int i) {
