@@ -243,11 +243,13 @@ def main():
     only = os.environ.get("ATTN2_BENCH_ONLY")
     shapes = [s for i, s in enumerate(SHAPES) if not only or str(i) in only.split(",")]
     rows = []
+    path = harness.write_results("attn2", rows)
     for shape in shapes:
         row = run_shape(shape, fi, timer, stock_timer)
         rows.append(row)
         print(row, flush=True)
-    path = harness.write_results("attn2", rows)
+        # After every shape: a later shape that fails leaves the earlier rows.
+        path = harness.write_results("attn2", rows)
     if fi is None:
         with open(path) as f:
             import json
