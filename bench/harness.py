@@ -30,6 +30,10 @@ class Timer:
         """GPU microseconds per call of `calls` (a list of no-argument
         callables, each a different input set), captured in one graph; with
         scrub, the L2 is flushed before each replay."""
+        # The inputs were made on the caller's stream, and self.stream (from
+        # PyTorch's pool) does not wait for it: without this, the warm-up and
+        # the capture's first replay could run before the inputs exist.
+        torch.cuda.synchronize()
         if warmup:
             with torch.cuda.stream(self.stream):
                 for c in calls:
