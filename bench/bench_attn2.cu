@@ -128,6 +128,7 @@ Result run_shape(const Shape& s, cudaStream_t stream, int splits_override) {
   CUDA_CHECK_OR_EXIT(cudaMemcpy(tables, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> lh(s.reqs, L);
   CUDA_CHECK_OR_EXIT(cudaMemcpy(lens, lh.data(), s.reqs * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());  // the uploads and memsets before the non-blocking stream
 
   md::Attn2Args base;
   auto rows = [&](void* data, int64_t stride) {

@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   CUDA_CHECK_OR_EXIT(cudaMalloc(&meta, md::metadata_size(128) * 4));
   CUDA_CHECK_OR_EXIT(cudaMemset(logits, 0, 8 * 256 * 4));
   CUDA_CHECK_OR_EXIT(cudaMemset(bias, 0, 256 * 4));
+  CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
   md::RouteParams p;
   p.logits = logits;
   p.logits_stride = 256;
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
   const int32_t h_len = L;
   CUDA_CHECK_OR_EXIT(cudaMemcpy(lens, &h_len, 4, cudaMemcpyHostToDevice));
   CUDA_CHECK_OR_EXIT(cudaMemset(front_ws, 0, front_ws_bytes));
+  CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
   CUDA_CHECK_OR_EXIT(cudaError_t(md::prepare_qkv_front()));
   md::prepare_attn2();
   const auto st = reinterpret_cast<md::Stream>(s);

@@ -33,8 +33,11 @@ struct Device {
   explicit Device(size_t count) : n(count) { cuda_ok(cudaMalloc(reinterpret_cast<void**>(&ptr), count * sizeof(T) + 64), "cudaMalloc"); }
   ~Device() { cudaFree(ptr); }
   Device(const Device&) = delete;
+  // Synchronizes the device: a pageable upload may still be in flight when
+  // cudaMemcpy returns, and the tool's stream is non-blocking.
   void upload(const std::vector<T>& h, size_t offset = 0) const {
     cuda_ok(cudaMemcpy(ptr + offset, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaDeviceSynchronize(), "upload");
   }
   std::vector<T> download(size_t count, size_t offset = 0) const {
     std::vector<T> h(count);
@@ -149,6 +152,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   Device<uint8_t> front_ws(front_ws_bytes), attn_ws(attn_ws_bytes);
   cuda_ok(cudaMemset(front_ws.ptr, 0, front_ws_bytes), "memset");
   cuda_ok(cudaMemset(attn_ws.ptr, 0, attn_ws_bytes), "memset");
+  cuda_ok(cudaDeviceSynchronize(), "memset");  // the legacy stream's memsets before the tool's stream
   const size_t layer_cache = cache.n / layers;
 
   auto front_call = [&](int l) {  // qkv_front over all T tokens, 16 at a time
@@ -278,6 +282,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   d_logits.upload(logits);
   d_bias.upload(bias);
   cuda_ok(cudaMemset(d_md.ptr, 0xff, d_md.n * 4), "memset");
+  cuda_ok(cudaDeviceSynchronize(), "memset");
   RouterDesc router;
   router.expert_bias = make_tensor(d_bias.ptr, DType::kFloat32, {kNumExperts});
   const MuseRouting routing(router);

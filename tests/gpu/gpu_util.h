@@ -29,15 +29,22 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
+  // Both synchronize the device: a pageable upload may still be in flight
+  // when cudaMemcpy returns, and the tests' own streams are non-blocking (not
+  // ordered after the legacy stream).
   void upload(const std::vector<T>& host) const {
     cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
     cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
     return host;
   }
-  void fill_bytes(int byte) const { cudaMemset(ptr_, byte, n_ * sizeof(T)); }
+  void fill_bytes(int byte) const {
+    cudaMemset(ptr_, byte, n_ * sizeof(T));
+    cudaDeviceSynchronize();
+  }
 
  private:
   T* ptr_ = nullptr;
