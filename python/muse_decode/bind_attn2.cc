@@ -12,6 +12,25 @@ using namespace nb::literals;
 
 namespace muse_decode::python {
 
+namespace {
+Attn2Args attn2_args(nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
+                     nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits, bool pdl) {
+  Attn2Args a;
+  a.q = tensor_ref(q, "q");
+  a.gate = tensor_ref(gate, "gate");
+  a.kv_cache = tensor_ref(kv_cache, "kv_cache");
+  a.block_table = tensor_ref(block_table, "block_table");
+  a.seq_lens = tensor_ref(seq_lens, "seq_lens");
+  a.out = tensor_ref(out, "out");
+  a.workspace = tensor_ref(workspace, "workspace");
+  a.max_model_len = max_model_len;
+  a.window = window;
+  a.num_splits = num_splits;
+  a.pdl = pdl;
+  return a;
+}
+}  // namespace
+
 void bind_attn2(nb::module_& m) {
   m.def("attn2_window", &attn2_window, "sliding_window"_a.none(), "max_model_len"_a);
   m.def("attn2_splits", &attn2_splits, "max_model_len"_a, "window"_a, "num_kv_heads"_a);
@@ -36,18 +55,8 @@ void bind_attn2(nb::module_& m) {
       "attn2",
       [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
          nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits, bool pdl) {
-        Attn2Args a;
-        a.q = tensor_ref(q, "q");
-        a.gate = tensor_ref(gate, "gate");
-        a.kv_cache = tensor_ref(kv_cache, "kv_cache");
-        a.block_table = tensor_ref(block_table, "block_table");
-        a.seq_lens = tensor_ref(seq_lens, "seq_lens");
-        a.out = tensor_ref(out, "out");
-        a.workspace = tensor_ref(workspace, "workspace");
-        a.max_model_len = max_model_len;
-        a.window = window;
-        a.num_splits = num_splits;
-        a.pdl = pdl;
+        const Attn2Args a =
+            attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits, pdl);
         attn2(a, current_stream(a.q.device));
         return nb::borrow(out);
       },
@@ -57,6 +66,16 @@ void bind_attn2(nb::module_& m) {
       "every KV head of the rank, in one launch on torch's current stream (programmatic dependent launch\n"
       "unless pdl=False). seq_lens and block_table are read on the GPU, so the call is graph-capturable\n"
       "after prepare_attn2. ValueError naming the argument on bad input, before any launch. Returns out.");
+  // The reads and checks of a call without its launch (host-time diagnostics).
+  m.def(
+      "_attn2_check",
+      [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
+         nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits) {
+        check_attn2(
+            attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits, true));
+      },
+      "q"_a, "gate"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "workspace"_a.none(),
+      "max_model_len"_a, "window"_a, "num_splits"_a);
 }
 
 }  // namespace muse_decode::python

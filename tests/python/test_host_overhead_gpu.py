@@ -73,5 +73,11 @@ def test_attn2_host_overhead():
 
     op = torch.ops.muse_decode.attn2
     library = host_us(lambda: op(qv, gv, cache, table, lens, out, ws, max_len, 0, splits), loops=5)
-    print(f"\nattn2 host us per call: direct {direct:.2f}, torch.library {library:.2f}")
+    # Where the time goes: the reads and checks without the launch, and the
+    # same call at L = 2048 (a kernel shorter than the call's host time).
+    checks = host_us(lambda: md._C._attn2_check(qv, gv, cache, table, lens, out, ws, max_len, 0, splits))
+    short_lens = torch.tensor([2048], dtype=torch.int32, device="cuda")
+    short = host_us(lambda: md.attn2(qv, gv, cache, table, short_lens, out, ws, max_len, 0, splits))
+    print(f"\nattn2 host us per call: direct {direct:.2f}, torch.library {library:.2f}; "
+          f"reads + checks without the launch {checks:.2f}; at L = 2048 {short:.2f}")
     assert direct <= BAR_US
