@@ -8,7 +8,7 @@ the ops need CUDA tensors).
 
 from . import _C
 from ._C import unavailable
-from .attention import attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
+from .attention import Attn2, attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import (
     DIVISION_EPS,
     HEAD_DIM,
@@ -27,6 +27,7 @@ from .routing import (
     unsupported_router,
 )
 from .front import (
+    QkvFront,
     launch_qkv_front,
     prepare_qkv_front,
     qkv_front_workspace_bytes,
@@ -45,6 +46,8 @@ from .platform import gpu_family, sm90, sm100_family, supported_gpu
 __version__ = "0.1.0"
 
 __all__ = [
+    "Attn2",
+    "QkvFront",
     "attn2",
     "attn2_splits",
     "attn2_window",

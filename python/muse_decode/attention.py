@@ -39,3 +39,9 @@ def unsupported_attn2(layer) -> str | None:
 # cost, SPEC section 7). attn2(q, gate, kv_cache, block_table, seq_lens, out,
 # workspace, max_model_len, window, num_splits, pdl=True) -> out.
 attn2 = _C.attn2
+
+# attn2 bound to a layer's KV cache, workspace and the deployment's sizes:
+# Attn2(kv_cache, workspace, max_model_len, window, num_splits), then
+# bound(q, gate, block_table, seq_lens, out, pdl=True) -> out. Fewer tensors
+# read per call; keep the bound tensors' storage in place.
+Attn2 = _C.Attn2

@@ -29,6 +29,15 @@ Attn2Args attn2_args(nb::handle q, nb::handle gate, nb::handle kv_cache, nb::han
   a.pdl = pdl;
   return a;
 }
+// attn2 bound to a layer's KV cache and workspace and the deployment's sizes:
+// a call reads only q, gate, block_table, seq_lens and out (SPEC section 7).
+// Every check still runs on every call. The bound tensors are kept alive;
+// their storage must stay in place (bind again after replacing one).
+struct BoundAttn2 {
+  nb::object kv_cache_obj, workspace_obj;
+  TensorRef kv_cache, workspace;
+  int max_model_len = 0, window = 0, num_splits = 1;
+};
 }  // namespace
 
 void bind_attn2(nb::module_& m) {
@@ -66,6 +75,46 @@ void bind_attn2(nb::module_& m) {
       "every KV head of the rank, in one launch on torch's current stream (programmatic dependent launch\n"
       "unless pdl=False). seq_lens and block_table are read on the GPU, so the call is graph-capturable\n"
       "after prepare_attn2. ValueError naming the argument on bad input, before any launch. Returns out.");
+  nb::class_<BoundAttn2>(m, "Attn2",
+                         "attn2 bound to a layer's KV cache and workspace (or None when num_splits == 1) and the\n"
+                         "deployment's max_model_len, window and num_splits: a call reads only q, gate,\n"
+                         "block_table, seq_lens and out. Keep the bound tensors' storage in place (as a CUDA\n"
+                         "graph would); bind again after replacing one.")
+      .def(
+          "__init__",
+          [](BoundAttn2* self, nb::handle kv_cache, nb::handle workspace, int max_model_len, int window,
+             int num_splits) {
+            auto* a = new (self) BoundAttn2();
+            a->kv_cache = tensor_ref(kv_cache, "kv_cache");
+            a->workspace = tensor_ref(workspace, "workspace");
+            a->kv_cache_obj = nb::borrow(kv_cache);
+            a->workspace_obj = nb::borrow(workspace);
+            a->max_model_len = max_model_len;
+            a->window = window;
+            a->num_splits = num_splits;
+          },
+          "kv_cache"_a, "workspace"_a.none(), "max_model_len"_a, "window"_a, "num_splits"_a)
+      .def(
+          "__call__",
+          [](const BoundAttn2& b, nb::handle q, nb::handle gate, nb::handle block_table, nb::handle seq_lens,
+             nb::handle out, bool pdl) {
+            Attn2Args a;
+            a.q = tensor_ref(q, "q");
+            a.gate = tensor_ref(gate, "gate");
+            a.kv_cache = b.kv_cache;
+            a.block_table = tensor_ref(block_table, "block_table");
+            a.seq_lens = tensor_ref(seq_lens, "seq_lens");
+            a.out = tensor_ref(out, "out");
+            a.workspace = b.workspace;
+            a.max_model_len = b.max_model_len;
+            a.window = b.window;
+            a.num_splits = b.num_splits;
+            a.pdl = pdl;
+            attn2(a, current_stream(a.q.device));
+            return nb::borrow(out);
+          },
+          "q"_a, "gate"_a, "block_table"_a, "seq_lens"_a, "out"_a, "pdl"_a = true,
+          "attn2 with the bound cache, workspace and sizes, on torch's current stream. Returns out.");
   // The reads and checks of a call without its launch (host-time diagnostics).
   m.def(
       "_attn2_check",

@@ -12,6 +12,20 @@ using namespace nb::literals;
 
 namespace muse_decode::python {
 
+namespace {
+// A layer's front with its static tensors bound: their attributes are read
+// once, here, and the per-call path reads only x, positions, slot_mapping and
+// out (SPEC section 7: validate what does not change once). Every check still
+// runs on every call, on the views. The bound tensors are kept alive; their
+// storage must stay where it is (as under CUDA-graph capture): bind again
+// after replacing one (weight.data = ...).
+struct BoundQkvFront {
+  nb::object weight_obj, cos_sin_obj, kv_cache_obj, workspace_obj;
+  TensorRef weight, cos_sin, kv_cache, workspace;
+  int num_kv_heads = 0;
+};
+}  // namespace
+
 void bind_qkv_front(nb::module_& m) {
   m.def("supports_shape", &supports_shape, "n"_a, "num_kv_heads"_a);
   m.def("qkv_front_workspace_bytes", &qkv_front_workspace_bytes_for_device, "num_kv_heads"_a, "device"_a = -1);
@@ -67,6 +81,38 @@ void bind_qkv_front(nb::module_& m) {
       "out = [q | k | v | gate] of x W^T with q and k RMS-normed per head (and roped when cos_sin_cache is\n"
       "given), k and v inserted into kv_cache at slot_mapping (-1: no insert), on torch's current stream.\n"
       "ValueError naming the argument on bad input, before any launch. Returns out.");
+
+  nb::class_<BoundQkvFront>(m, "QkvFront",
+                            "qkv_front bound to a layer's weight, rotary table (or None), KV cache and workspace:\n"
+                            "their attributes are read once, so a call reads only x, positions, slot_mapping and\n"
+                            "out. Keep the bound tensors' storage in place (as a CUDA graph would); bind again\n"
+                            "after replacing one.")
+      .def(
+          "__init__",
+          [](BoundQkvFront* self, nb::handle weight, nb::handle cos_sin, nb::handle kv_cache, int num_kv_heads,
+             nb::handle workspace) {
+            auto* f = new (self) BoundQkvFront();
+            f->weight = tensor_ref(weight, "weight");
+            f->cos_sin = tensor_ref(cos_sin, "cos_sin_cache");
+            f->kv_cache = tensor_ref(kv_cache, "kv_cache");
+            f->workspace = tensor_ref(workspace, "workspace");
+            f->weight_obj = nb::borrow(weight);
+            f->cos_sin_obj = nb::borrow(cos_sin);
+            f->kv_cache_obj = nb::borrow(kv_cache);
+            f->workspace_obj = nb::borrow(workspace);
+            f->num_kv_heads = num_kv_heads;
+          },
+          "weight"_a, "cos_sin_cache"_a.none(), "kv_cache"_a, "num_kv_heads"_a, "workspace"_a)
+      .def(
+          "__call__",
+          [](const BoundQkvFront& f, nb::handle x, nb::handle positions, nb::handle slots, nb::handle out, bool pdl) {
+            const TensorRef xr = tensor_ref(x, "x");
+            qkv_front(xr, f.weight, tensor_ref(positions, "positions"), f.cos_sin, tensor_ref(slots, "slot_mapping"),
+                      f.kv_cache, f.num_kv_heads, tensor_ref(out, "out"), f.workspace, current_stream(xr.device), pdl);
+            return nb::borrow(out);
+          },
+          "x"_a, "positions"_a, "slot_mapping"_a, "out"_a, "pdl"_a = true,
+          "launch_qkv_front with the bound tensors, on torch's current stream. Returns out.");
 }
 
 }  // namespace muse_decode::python

@@ -50,6 +50,12 @@ def supports_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, n
 # slot_mapping, kv_cache, num_kv_heads, out, workspace, pdl=True) -> out.
 launch_qkv_front = _C.launch_qkv_front
 
+# The front bound to a layer's weight, rotary table, KV cache and workspace:
+# QkvFront(weight, cos_sin_cache, kv_cache, num_kv_heads, workspace), then
+# bound(x, positions, slot_mapping, out, pdl=True) -> out. Fewer tensors read
+# per call; keep the bound tensors' storage in place.
+QkvFront = _C.QkvFront
+
 
 def unsupported_projection(attn) -> str | None:
     """Why the front cannot read this Muse Spark attention layer's loaded QKV

@@ -178,8 +178,11 @@ Stream current_stream(int device) {
   nb::object arg = nb::steal(PyLong_FromLong(device));
   nb::object s = nb::steal(PyObject_CallOneArg(get_stream, arg.ptr()));
   if (!s.is_valid()) {
+    // A torch without CUDA has no current CUDA stream: the default stream.
+    // The call's checks then refuse tensors that are not on a GPU, and a
+    // launch on a machine without a usable GPU fails with the CUDA error.
     PyErr_Clear();
-    throw std::runtime_error("cannot read torch's current CUDA stream");
+    return nullptr;
   }
   return reinterpret_cast<Stream>(static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(s.ptr())));
 }

@@ -33,8 +33,9 @@ DType dtype_of(PyObject* dtype);
 // bounds. Callers re-run every check on the view each call.
 TensorRef tensor_ref(nb::handle obj, const char* name);
 
-// The current CUDA stream of `device` as torch sees it (0 when torch is not
-// loaded), and make `device` current for this library's runtime.
+// The current CUDA stream of `device` as torch sees it (0, the default
+// stream, when torch is not loaded or has no CUDA), and make `device` current
+// for this library's runtime.
 Stream current_stream(int device);
 
 }  // namespace muse_decode::python

@@ -269,3 +269,26 @@ def test_attn2_sizing():
     assert md.attn2_splits(131072, 2048, 2) == 1
     assert md.attn2_splits(131072, 0, 2) > 1
     assert md.attn2_workspace_bytes(1, 2, md.attn2_splits(131072, 0, 2)) > 0
+
+
+def test_bound_ops_read_their_tensors_once_and_check_every_call():
+    """QkvFront and Attn2 bind a layer's static tensors; a call with a bad
+    per-call tensor is refused naming it, before any launch."""
+    bf16 = "bfloat16"
+    w = FakeTensor((2304, 8192), bf16, ptr=0x10000000)
+    cache = FakeTensor((64, 2, 16, 128), bf16, ptr=0x20000000)
+    ws = FakeTensor((1 << 20,), "uint8", ptr=0x30000000)
+    front = md.QkvFront(w, None, cache, 2, ws)
+    x = FakeTensor((8, 8192), "float32", ptr=0x40000000)
+    pos = FakeTensor((8,), "int64", ptr=0x50000000)
+    out = FakeTensor((8, 2304), bf16, ptr=0x60000000)
+    with pytest.raises(ValueError, match="^x must be bfloat16, got float32$"):
+        front(x, pos, pos, out)
+    attn = md.Attn2(cache, ws, 2048, 0, 1)
+    q = FakeTensor((8, 1024), "float32", ptr=0x70000000)
+    table = FakeTensor((1, 128), "int32", ptr=0x80000000)
+    lens = FakeTensor((1,), "int32", ptr=0x90000000)
+    with pytest.raises(ValueError, match="^q must be bfloat16, got float32$"):
+        attn(q, q, table, lens, out)
+    with pytest.raises(ValueError, match="^weight must be a tensor"):
+        md.QkvFront(object(), None, cache, 2, ws)

@@ -66,6 +66,11 @@ def test_matches_reference_and_cache(kvh, rope, t):
     written = torch.zeros(pages * 16, dtype=torch.bool, device="cuda")
     written[slots[:-1]] = True
     assert torch.equal(rows[~written].view(torch.int16), rows_before[~written].view(torch.int16))
+    # The bound front (static tensors read once) gives the same bits.
+    bound_out = torch.empty_like(out)
+    md.QkvFront(w, cos_sin, cache, kvh, ws)(x, pos, slots, bound_out)
+    torch.cuda.synchronize()
+    assert torch.equal(bound_out.view(torch.int16), out.view(torch.int16))
 
 
 def test_refusal_writes_nothing():
