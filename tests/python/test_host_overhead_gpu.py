@@ -1,8 +1,8 @@
 """Host time of one eager call of each op through the package (SPEC section
 7: at most 5 us per op), and of the torch.library path for comparison
 (bench/harness.host_us: loops of 64 calls, short enough that the launch queue
-never fills, best of 50). The bar is asserted for the eager path a layer
-uses: MuseRouting, and the QkvFront / Attn2 objects bound to the layer's
+never fills, best of 50). The bar is asserted for the eager path meant for a
+layer: MuseRouting, and the QkvFront / Attn2 objects bound to its
 static tensors (the SPEC's "validate once when bound"); the unbound
 functions' times are printed beside them."""
 
