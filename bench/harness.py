@@ -86,7 +86,9 @@ def floor_us(nbytes: int) -> float:
     return nbytes / COPY_BW * 1e6
 
 
-def write_results(name: str, rows: list[dict]) -> str:
+def write_results(name: str, rows: list[dict], extra: dict | None = None) -> str:
+    """bench/results/<name>.json: the run's device, date and method, `extra`
+    (what else the reader must know, e.g. why an anchor is missing), the rows."""
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "results", f"{name}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -96,6 +98,7 @@ def write_results(name: str, rows: list[dict]) -> str:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "method": "CUDA-graph replay, many calls per graph, L2 scrubbed before each replay, median of replays",
+        **(extra or {}),
         "rows": rows,
     }
     with open(path, "w") as f:

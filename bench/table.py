@@ -4,20 +4,19 @@ import glob
 import json
 import os
 
+import report  # bench/report.py, beside this file
+
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def main():
     for path in sorted(glob.glob(os.path.join(here, "*.json"))):
         doc = json.load(open(path))
-        if "benchmark" not in doc:  # the muse-decode tool's --json report
-            print(f"\nmuse-decode TP{doc['tp']}, context {doc['context']}, {doc['requests']} request(s), "
-                  f"{doc['layer']} layer on {doc['device']}: {'pass' if doc['pass'] else 'FAIL'}")
-            rows = [{k: r.get(k, "") for k in ("op", "check", "us_per_call", "floor_us", "unfused_us", "speedup")}
-                    for r in doc.get("gpu", [])]
-        else:
-            print(f"\n{doc['benchmark']} on {doc['device']} ({doc['date']})")
-            rows = doc["rows"]
+        if "benchmark" not in doc:  # the muse-decode tool's --json report: the README's table of it
+            print("\n" + report.tool_section(doc))
+            continue
+        print(f"\n{doc['benchmark']} on {doc['device']} ({doc['date']})")
+        rows = doc["rows"]
         if not rows:
             continue
         keys = list(rows[0].keys())

@@ -13,30 +13,44 @@ using namespace nb::literals;
 namespace muse_decode::python {
 
 namespace {
-Attn2Args attn2_args(nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
-                     nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits, bool pdl) {
+// What does not change between a layer's calls: its KV cache and workspace
+// and the deployment's sizes.
+struct Attn2Binding {
+  TensorRef kv_cache, workspace;
+  int max_model_len = 0, window = 0, num_splits = 1;
+};
+
+Attn2Binding attn2_binding(nb::handle kv_cache, nb::handle workspace, int max_model_len, int window,
+                           int num_splits) {
+  return Attn2Binding{tensor_ref(kv_cache, "kv_cache"), tensor_ref(workspace, "workspace"), max_model_len, window,
+                      num_splits};
+}
+
+// One call: the step's tensors over a binding.
+Attn2Args attn2_args(const Attn2Binding& b, nb::handle q, nb::handle gate, nb::handle block_table,
+                     nb::handle seq_lens, nb::handle out, bool pdl) {
   Attn2Args a;
   a.q = tensor_ref(q, "q");
   a.gate = tensor_ref(gate, "gate");
-  a.kv_cache = tensor_ref(kv_cache, "kv_cache");
+  a.kv_cache = b.kv_cache;
   a.block_table = tensor_ref(block_table, "block_table");
   a.seq_lens = tensor_ref(seq_lens, "seq_lens");
   a.out = tensor_ref(out, "out");
-  a.workspace = tensor_ref(workspace, "workspace");
-  a.max_model_len = max_model_len;
-  a.window = window;
-  a.num_splits = num_splits;
+  a.workspace = b.workspace;
+  a.max_model_len = b.max_model_len;
+  a.window = b.window;
+  a.num_splits = b.num_splits;
   a.pdl = pdl;
   return a;
 }
-// attn2 bound to a layer's KV cache and workspace and the deployment's sizes:
-// a call reads only q, gate, block_table, seq_lens and out (SPEC section 7).
-// Every check still runs on every call. The bound tensors are kept alive;
-// their storage must stay in place (bind again after replacing one).
+
+// attn2 bound to a layer (SPEC section 7: validate what does not change
+// once): a call reads only q, gate, block_table, seq_lens and out. Every
+// check still runs on every call. The bound tensors are kept alive; their
+// storage must stay in place (bind again after replacing one).
 struct BoundAttn2 {
   nb::object kv_cache_obj, workspace_obj;
-  TensorRef kv_cache, workspace;
-  int max_model_len = 0, window = 0, num_splits = 1;
+  Attn2Binding binding;
 };
 }  // namespace
 
@@ -64,8 +78,8 @@ void bind_attn2(nb::module_& m) {
       "attn2",
       [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
          nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits, bool pdl) {
-        const Attn2Args a =
-            attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits, pdl);
+        const Attn2Args a = attn2_args(attn2_binding(kv_cache, workspace, max_model_len, window, num_splits), q,
+                                       gate, block_table, seq_lens, out, pdl);
         attn2(a, current_stream(a.q.device));
         return nb::borrow(out);
       },
@@ -84,32 +98,15 @@ void bind_attn2(nb::module_& m) {
           "__init__",
           [](BoundAttn2* self, nb::handle kv_cache, nb::handle workspace, int max_model_len, int window,
              int num_splits) {
-            auto* a = new (self) BoundAttn2();
-            a->kv_cache = tensor_ref(kv_cache, "kv_cache");
-            a->workspace = tensor_ref(workspace, "workspace");
-            a->kv_cache_obj = nb::borrow(kv_cache);
-            a->workspace_obj = nb::borrow(workspace);
-            a->max_model_len = max_model_len;
-            a->window = window;
-            a->num_splits = num_splits;
+            new (self) BoundAttn2{nb::borrow(kv_cache), nb::borrow(workspace),
+                                  attn2_binding(kv_cache, workspace, max_model_len, window, num_splits)};
           },
           "kv_cache"_a, "workspace"_a.none(), "max_model_len"_a, "window"_a, "num_splits"_a)
       .def(
           "__call__",
           [](const BoundAttn2& b, nb::handle q, nb::handle gate, nb::handle block_table, nb::handle seq_lens,
              nb::handle out, bool pdl) {
-            Attn2Args a;
-            a.q = tensor_ref(q, "q");
-            a.gate = tensor_ref(gate, "gate");
-            a.kv_cache = b.kv_cache;
-            a.block_table = tensor_ref(block_table, "block_table");
-            a.seq_lens = tensor_ref(seq_lens, "seq_lens");
-            a.out = tensor_ref(out, "out");
-            a.workspace = b.workspace;
-            a.max_model_len = b.max_model_len;
-            a.window = b.window;
-            a.num_splits = b.num_splits;
-            a.pdl = pdl;
+            const Attn2Args a = attn2_args(b.binding, q, gate, block_table, seq_lens, out, pdl);
             attn2(a, current_stream(a.q.device));
             return nb::borrow(out);
           },
@@ -120,8 +117,8 @@ void bind_attn2(nb::module_& m) {
       "_attn2_check",
       [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
          nb::handle out, nb::handle workspace, int max_model_len, int window, int num_splits) {
-        check_attn2(
-            attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits, true));
+        check_attn2(attn2_args(attn2_binding(kv_cache, workspace, max_model_len, window, num_splits), q, gate,
+                               block_table, seq_lens, out, true));
       },
       "q"_a, "gate"_a, "kv_cache"_a, "block_table"_a, "seq_lens"_a, "out"_a, "workspace"_a.none(),
       "max_model_len"_a, "window"_a, "num_splits"_a);

@@ -73,8 +73,9 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     slot_mapping [T] (int64), the paged KV cache [pages, KVH, 16, 128] (bf16),
     block_table [R, pages per request] and seq_lens [R] (int32, counting the
     step's tokens), and returns a Step (hidden after attention + residual, the
-    front's and the attention's outputs, ids, weights, metadata buffer). With all_reduce (torch.distributed), o_proj's
-    partial sums of the ranks are added."""
+    front's and the attention's outputs, ids, weights, metadata buffer). With
+    all_reduce (torch.distributed), o_proj's partial sums of the ranks are
+    added."""
 
     def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
                  device=None, dtype=torch.bfloat16, seed: int = 0, tile_n: int = 128):

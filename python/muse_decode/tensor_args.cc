@@ -72,6 +72,11 @@ DType dtype_of(PyObject* dtype) {
 }
 
 namespace {
+void* data_ptr_of(PyObject* obj, const char* name) {
+  nb::object ptr = nb::steal(attr(obj, names().data_ptr, true, name));
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(ptr.ptr())));
+}
+
 TensorRef read_tensor(PyObject* obj, const char* name) {
   TensorRef t;
   const Names& n = names();
@@ -89,16 +94,10 @@ TensorRef read_tensor(PyObject* obj, const char* name) {
   }
   nb::object dtype = nb::steal(attr(obj, n.dtype, false, name));
   t.dtype = dtype_of(dtype.ptr());
-  nb::object ptr = nb::steal(attr(obj, n.data_ptr, true, name));
-  t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(ptr.ptr())));
+  t.data = data_ptr_of(obj, name);
   nb::object dev = nb::steal(attr(obj, n.get_device, true, name));
   t.device = static_cast<int>(as_int(dev.ptr()));
   return t;
-}
-
-void* data_ptr_of(PyObject* obj, const char* name) {
-  nb::object ptr = nb::steal(attr(obj, names().data_ptr, true, name));
-  return reinterpret_cast<void*>(static_cast<uintptr_t>(as_int(ptr.ptr())));
 }
 
 // The memo: the attributes last read from a tensor object, found by the
