@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # attn2 on the GPU machine, in one call: builds its GPU tests and the C++
 # benchmark for sm_90a from attn2's own sources (one benchmark binary per
-# kernel variant in VARIANTS, a MUSE_ATTN2_KEY_SPLIT value each), runs the
+# kernel variant in VARIANTS: wg = wgmma, mma = mma.sync, wg8 = wgmma with
+# slices of 8 pages per CTA; the tests use the first), runs the
 # tests, Nsight Compute on NCU_SHAPES, the C++ benchmarks, then (PY=1) the
 # Python package's tests and bench/bench_attn2.py with its anchors (stock
 # PyTorch and FlashInfer, JIT-built here from the wheels in .whl, or taken
@@ -16,7 +17,8 @@ B=/tmp/attn2_build
 mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-VARIANTS=${VARIANTS:-2}
+VARIANTS=${VARIANTS:-wg}
+vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
 FIRST=${VARIANTS%% *}
 CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
 NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
@@ -41,7 +43,7 @@ if [ "${PY:-0}" = 1 ]; then
 fi
 
 for v in $VARIANTS; do
-  nvcc $NVF -DMUSE_ATTN2_KEY_SPLIT=$v -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu \
+  nvcc $NVF $(vflags $v) -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu \
     -o "$B/attn2_$v.o" > "$B/ptxas_$v.log" 2>&1 &
 done
 nvcc $NVF -c bench/bench_attn2.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &

@@ -31,6 +31,8 @@
 // group; softmax does not care about key order, and the masks know each
 // column's key.
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -81,7 +83,42 @@ static_assert(kPageSize == 16, "a page is 16 keys: one n-tile pair of S per key 
 static_assert(kRows * kMergeStride * 4 + kThreads / kKeySplit * 36 * 4 <= kSmemBytes,
               "the merge area and the key-half exchange reuse the stages");
 static_assert(kSlotBytes % 16 == 0 && kStageBytes % 128 == 0, "bulk copies need 16-byte alignment");
-static_assert(2 * (kSmemBytes + kRows * kQStride * 2 + 2048 + 1024) <= 228 * 1024,
+constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, then the Q tile
+
+// sm_90a: wgmma. Each warpgroup (warps 0-3, 4-7) is a consumer of its own
+// 64-key tiles (4 pages): S = Q K^T as 4 wgmma m64n64k16 with Q and K from
+// shared memory, O += P V as 4 more with P from registers and V from shared
+// memory, so every K/V byte is read from shared memory once per warpgroup
+// (ldmatrix read it 4 times) and the tensor cores run beside the softmax of
+// the other warpgroups. A tile's K and V arrive by TMA from a 5-D tensor map
+// over the cache (elements, K|V, key, KV head, page), one 2 KB box per page
+// and half, 128-byte swizzled: the layout wgmma reads without bank conflicts.
+#ifndef MUSE_ATTN2_WGMMA
+#define MUSE_ATTN2_WGMMA 1
+#endif
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL) && MUSE_ATTN2_WGMMA
+#define MUSE_ATTN2_WGMMA_PATH 1
+#else
+#define MUSE_ATTN2_WGMMA_PATH 0
+#endif
+// Pages per CTA and slice before another slice joins (the split path's
+// active slices grow with L in steps of kSlicePages * cluster pages).
+#ifndef MUSE_ATTN2_SLICE_PAGES
+#define MUSE_ATTN2_SLICE_PAGES 16
+#endif
+constexpr int kSlicePages = MUSE_ATTN2_SLICE_PAGES;
+constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
+constexpr int kTileKeys = kTilePages * kPageSize;
+constexpr int kWgStages = 3;                                // per warpgroup
+constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
+constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
+constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
+constexpr int kWgSmemBytes = 2 * kWgStages * kWgStageBytes + kQTileBytes + 1024;  // + 1 KB to align to 1024
+constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWgSmemBytes;
+constexpr int kBarriers = 2 * kWgStages > kStages ? 2 * kWgStages : kStages;
+static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= 2 * kWgStages * kWgStageBytes,
+              "the merge area and the warpgroup exchange reuse the stages");
+static_assert(2 * (kDynSmemBytes + 2048 + 1024) <= 228 * 1024,
               "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
@@ -132,6 +169,64 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
+}
+
+// Global -> shared tensor copy of one box through the 5-D cache map,
+// completing on `bar`; evict-first in the L2 like the bulk copies.
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            int c4, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3, %4, %5, %6}], [%7], %8;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(bar)),
+      "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand (1024-byte
+// atoms of 8 rows x 128 bytes): lbo / sbo in bytes, as wgmma reads them.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
+__device__ __forceinline__ void pin(float (&d)[8][4]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+    asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
+}
+
+// d (64 x 64, fp32; n-tile n of this thread in d[n]) = (accumulate ? d : 0) +
+// A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major): S = Q K^T.
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
+#if MUSE_ATTN2_WGMMA_PATH
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n\t}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+#endif
+}
+
+// d += A (64 x 16, registers: the m16k16 fragment of this warp's rows) *
+// B (16 x 64, shared, MN-major): O += P V.
+__device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
+#if MUSE_ATTN2_WGMMA_PATH
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n\t}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -193,18 +288,17 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 }
 
 template <int kCluster>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2Params p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, 16 threads per row");
 
   extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ uint64_t full_bar[kStages];
-  __shared__ uint64_t empty_bar[kStages];
+  __shared__ uint64_t full_bar[kBarriers];
+  __shared__ uint64_t empty_bar[kBarriers];
   __shared__ float s_m[kRows];
   __shared__ float s_l[kRows];
   __shared__ int s_bad;
   __shared__ int s_last;
-  __shared__ __align__(16) __nv_bfloat16 s_q[kRows * kQStride];  // row = head * 8 + token
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -217,11 +311,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
   const int kh = warp / kRowWarps;  // key half: keys kh*kKeyTiles .. of every page
 
   if (threadIdx.x == 0) {
+#if MUSE_ATTN2_WGMMA_PATH
+    prefetch_tensor_map(&kv_map);
+#pragma unroll
+    for (int s = 0; s < 2 * kWgStages; ++s) {
+      mbar_init(&full_bar[s], 1);
+      mbar_init(&empty_bar[s], kRowWarps);  // the 4 warps of the stage's warpgroup
+    }
+#else
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full_bar[s], 1);
       mbar_init(&empty_bar[s], kWarps);
     }
+#endif
     s_bad = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -261,28 +364,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
     }
   }
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
+#if MUSE_ATTN2_WGMMA_PATH
+  // Warp 0 of each warpgroup, lanes 0-3: page ids of the warpgroup's first tile.
+  const int vme = 2 * (split * kCluster + rank) + kh;  // this warpgroup among all of the pair's
+  int ids0 = -1;
+  if (rw == 0 && p.window == 0 && lane < kTilePages) {
+    const int pi = vme * kTilePages + lane;
+    if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
+  }
+#else
   int ids0 = -1;  // warp 0, lanes 0-7: page ids of this CTA's first group
   if (warp == 0 && p.window == 0 && lane < kGroupPages) {
     const int pi = me * kGroupPages + lane;
     if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
   }
+#endif
   const int L = p.seq_lens[req];
   const bool broken = L < kVerifyLen || L > p.max_model_len;
   // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
   const int lo = p.window > 0 ? max(0, L - (kVerifyLen - 1) - p.window) : 0;
   const int first_page = lo / kPageSize;
   const int last_page = (L - 1) / kPageSize;
-  const int num_groups = broken ? 0 : (last_page - first_page + kGroupPages) / kGroupPages;
-  // Slices in use for this L: one more per 2 groups per CTA of a cluster
-  // (L = 2048 -> 16 groups -> one slice, merged in the cluster, no workspace
-  // round trip; from L = 32k on all 15 of TP8). Depends on L only: every
-  // cluster agrees, and the merge order stays fixed.
-  const int active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
-  if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
-  const int ctas = active * kCluster;
-  const int my_groups = num_groups > me ? (num_groups - 1 - me) / ctas + 1 : 0;
-  const uint32_t smem_base = smem_addr(smem);
-
   // Per-thread softmax state of rows lane/4 (head 2w) and lane/4 + 8 (head 2w + 1),
   // both token i = lane / 4.
   float o[8][4];
@@ -290,6 +392,192 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
   float l_run[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  bool bad = false;
+  int active;
+#if MUSE_ATTN2_WGMMA_PATH
+  // Tiles of 4 pages go round-robin over the warpgroups of the active slices:
+  // warpgroup vme takes tiles vme, vme + wgs, ... (tile t: pages first_page + 4t ..).
+  const int num_tiles = broken ? 0 : (last_page - first_page + kTilePages) / kTilePages;
+  // Slices in use for this L: one more per kSlicePages pages per CTA of a
+  // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
+  constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
+  active = max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
+  if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
+  const int wgs = 2 * active * kCluster;
+  const int my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
+  // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
+  // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t q_tile = base + 2 * kWgStages * kWgStageBytes;
+  auto stage_addr = [&](int s) { return base + static_cast<uint32_t>(s) * kWgStageBytes; };
+
+  // ---- copies (warp 0 of each warpgroup, lanes 0-3: one page each, K and V boxes) ----
+  const uint64_t policy = evict_first_policy();
+  constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
+  auto load_batch = [&](int b) {                // tiles b .. b + 7: lane -> tile b + lane / 4, page lane % 4
+    const int t = b + lane / kTilePages;
+    const int pi = first_page + (vme + t * wgs) * kTilePages + lane % kTilePages;
+    return (t < my_tiles && pi <= last_page) ? bt[pi] : -1;
+  };
+  int ids = -1, ids_next = -1;
+  auto issue = [&](int j) {  // tile j (this warpgroup's j-th) into its stage j % 3, which is free
+    const int g = vme + j * wgs;
+    const int s = kh * kWgStages + j % kWgStages;
+    int id;
+    if (j == 0) {
+      id = ids0;
+    } else {
+      if ((j - 1) % kBatchTiles == 0) {
+        ids = ids_next;
+        ids_next = load_batch(j + kBatchTiles);
+      }
+      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) % kBatchTiles) * kTilePages + lane % kTilePages);
+    }
+    const bool want = lane < kTilePages && first_page + g * kTilePages + lane <= last_page;
+    const bool ok = want && id >= 0 && id < p.num_pages;
+    bad |= want && !ok;
+    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+    if (lane == 0) mbar_arrive_expect_tx(&full_bar[s], __popc(ok_mask) * kPageBytes);
+    __syncwarp();
+    if (ok) {
+      const uint32_t dst = stage_addr(s) + lane * (kHalfBytes / kTilePages);
+      tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, id, &full_bar[s], policy);               // K of the page
+      tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
+    }
+  };
+  if (rw == 0) {
+    if (p.window != 0 && lane < kTilePages && my_tiles > 0 && first_page + vme * kTilePages + lane <= last_page)
+      ids0 = bt[first_page + vme * kTilePages + lane];
+    ids_next = load_batch(1);
+    for (int j = 0; j < min(kWgStages, my_tiles); ++j) issue(j);
+  }
+
+  // ---- Q tile, 128-byte swizzled: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16 ----
+#pragma unroll
+  for (int k = 0; k < kQLoads; ++k) {
+    const int idx = (kh * kQLoads + k) * 32 + lane, r = rw * 16 + idx / 8, c = idx % 8;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_tile + r * 128 + ((c ^ (r % 8)) * 16)),
+                 "r"(qv[k].x), "r"(qv[k].y), "r"(qv[k].z), "r"(qv[k].w)
+                 : "memory");
+  }
+  if (merger) s_gate[threadIdx.x] = gate_v;
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the Q tile is read by wgmma (async proxy)
+  __syncthreads();
+
+  {
+    const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
+    const int col = (lane % 4) * 2;             // this thread's first column of each n-tile of 8
+    const int wtid = threadIdx.x % 128;         // thread within the warpgroup
+    for (int it = 0; it < my_tiles; ++it) {
+      const int g = vme + it * wgs;
+      const int s = kh * kWgStages + it % kWgStages;
+      mbar_wait(&full_bar[s], (it / kWgStages) & 1);
+      const uint32_t k_tile = stage_addr(s), v_tile = k_tile + kHalfBytes;
+      const int key0 = (first_page + g * kTilePages) * kPageSize;
+      if (key0 + kTileKeys > L) {
+        // Keys past L may hold anything (NaN; pages past the last are not
+        // even loaded): P is 0 there, but 0 * NaN is not. Zero their V rows.
+        for (int c = max(0, L - key0) * 8 + wtid; c < kTileKeys * 8; c += 128)
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(v_tile + c * 16), "r"(0) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        if (kh == 0)  // the warpgroup's 4 warps (named barriers 1 and 2)
+          asm volatile("bar.sync 1, 128;" ::: "memory");
+        else
+          asm volatile("bar.sync 2, 128;" ::: "memory");
+      }
+      // Uniform per tile: only tiles holding keys past row 0's position or
+      // below row 7's window need masks.
+      const bool masked = key0 + kTileKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+
+      // S = Q K^T (64 rows x 64 keys): 4 k-steps of 16 dims (32 bytes into the swizzled rows).
+      float s_acc[8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss(s_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(k_tile + ks * 32, 16, 1024), ks);
+      wgmma_commit();
+      wgmma_wait_all();
+      pin(s_acc);
+      if (masked) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = key0 + t * 8 + col + (e & 1);
+            const bool visible = j <= pos && (p.window == 0 || j > pos - p.window);
+            s_acc[t][e] = visible ? s_acc[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
+          }
+      }
+      // Online softmax on raw scores, rows r = 0 (c0, c1) and r = 1 (c2, c3).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        mx[0] = fmaxf(mx[0], fmaxf(s_acc[t][0], s_acc[t][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s_acc[t][2], s_acc[t][3]));
+      }
+      float neg_mc[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+        const float alpha = fast_exp2((m_run[r] - mu) * kScaleLog2);
+        neg_mc[r] = -mu * kScaleLog2;
+        m_run[r] = m_new;
+        l_run[r] *= alpha;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          o[n][2 * r] *= alpha;
+          o[n][2 * r + 1] *= alpha;
+        }
+      }
+      uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const float p0 = fast_exp2(fmaf(s_acc[t][0], kScaleLog2, neg_mc[0]));
+        const float p1 = fast_exp2(fmaf(s_acc[t][1], kScaleLog2, neg_mc[0]));
+        const float p2 = fast_exp2(fmaf(s_acc[t][2], kScaleLog2, neg_mc[1]));
+        const float p3 = fast_exp2(fmaf(s_acc[t][3], kScaleLog2, neg_mc[1]));
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        pa[t / 2][(t % 2) * 2] = pack_bf16(p0, p1);
+        pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+      // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows).
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs(o, pa[kk], sw128_desc(v_tile + kk * 2048, kHalfBytes, 1024));
+      wgmma_commit();
+      wgmma_wait_all();
+      pin(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty_bar[s]);
+      if (rw == 0 && it + kWgStages < my_tiles) {
+        mbar_wait(&empty_bar[s], (it / kWgStages) & 1);  // the warpgroup is done with this stage
+        issue(it + kWgStages);
+      }
+    }
+    // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 2);
+    }
+  }
+#else
+  const int num_groups = broken ? 0 : (last_page - first_page + kGroupPages) / kGroupPages;
+  // Slices in use for this L: one more per 2 groups per CTA of a cluster
+  // (L = 2048 -> 16 groups -> one slice, merged in the cluster, no workspace
+  // round trip; from L = 32k on all 15 of TP8). Depends on L only: every
+  // cluster agrees, and the merge order stays fixed.
+  active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
+  if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
+  const int ctas = active * kCluster;
+  const int my_groups = num_groups > me ? (num_groups - 1 - me) / ctas + 1 : 0;
+  const uint32_t smem_base = smem_addr(smem);
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem + kSmemBytes);  // row = head * 8 + token
+
 
   // ---- copies (warp 0, lanes 0-7: one page each) -----------------------------------
   // A 5th, producer-only warp would cost the second CTA per SM: two CTAs of 5
@@ -299,7 +587,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
   const uint64_t policy = evict_first_policy();
   const char* kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
   const int64_t page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
-  bool bad = false;
   // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
   // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous batch is used.
   auto load_batch = [&](int b) {
@@ -471,6 +758,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
       l_run[r] += __shfl_xor_sync(0xFFFFFFFFu, l_run[r], 2);
     }
   }
+#endif
   if (bad) s_bad = 1;
   float* merge_o = reinterpret_cast<float*>(smem);
   // Key-half exchange after the merge area: 9 float4 per thread of the second
@@ -611,12 +899,68 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const Attn2
   finish_row(ov, s_gate[threadIdx.x], out_ptr);
 }
 
+// ---------------------------------------------------------------------------
+// Host side: the cache's tensor map and the launches.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The cache [pages, KVH, 16, 128] as 5-D (64 elements, K|V, key, KV head,
+// page), read in boxes of one page's K or V of one KV head (16 x 64, 2 KB),
+// 128-byte swizzled. The map depends only on (address, pages, KV heads): a
+// layer's cache hits a small per-thread table after its first call (encoding
+// costs host time, and SPEC section 7 gives an op 5 us in all).
+bool kv_map(CUtensorMap* map, const Attn2Params& p) {
+  struct Entry {
+    const void* data = nullptr;
+    int pages = 0, kvh = 0;
+    CUtensorMap map;
+  };
+  constexpr int kBits = 6;
+  thread_local Entry table[1 << kBits];
+  const uint64_t h = ((reinterpret_cast<uintptr_t>(p.kv_cache) >> 8) ^ static_cast<uint64_t>(p.num_pages) << 16 ^
+                      static_cast<uint64_t>(p.num_kv_heads)) * 0x9E3779B97F4A7C15ull;
+  Entry& e = table[h >> (64 - kBits)];
+  if (e.data == p.kv_cache && e.pages == p.num_pages && e.kvh == p.num_kv_heads) {
+    *map = e.map;
+    return true;
+  }
+  const auto encode = encode_tiled();
+  if (!encode) return false;
+  const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
+                              static_cast<cuuint64_t>(p.num_pages)};
+  const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
+                                 static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
+  const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(p.kv_cache), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return false;
+  e.data = p.kv_cache;
+  e.pages = p.num_pages;
+  e.kvh = p.num_kv_heads;
+  e.map = *map;
+  return true;
+}
+
 template <int kCluster>
 cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
+  CUtensorMap map;
+  if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.dynamicSmemBytes = kDynSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -627,12 +971,12 @@ cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attr;
   config.numAttrs = p.pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&config, attn2_kernel<kCluster>, p);
+  return cudaLaunchKernelEx(&config, attn2_kernel<kCluster>, map, p);
 }
 
 template <int kCluster>
 cudaError_t set_attributes() {
-  cudaError_t err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  cudaError_t err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
   // The whole unified L1/shared array as shared memory: two CTAs per SM need 2 x 99.3 KB.
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -647,7 +991,7 @@ int max_active_clusters() {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(kCluster, 1, 1);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.dynamicSmemBytes = kDynSmemBytes;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
@@ -677,10 +1021,10 @@ int attn2_set_kernel_attributes(int* short_cluster_size) {
 int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   cudaError_t err = cudaErrorInvalidValue;
   if (cluster_size == 8) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<8>, kThreads, kSmemBytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<8>, kThreads, kDynSmemBytes);
     *max_clusters = max_active_clusters<8>();
   } else if (cluster_size == 16) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<16>, kThreads, kSmemBytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<16>, kThreads, kDynSmemBytes);
     *max_clusters = max_active_clusters<16>();
   }
   return static_cast<int>(err);
