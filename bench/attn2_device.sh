@@ -18,7 +18,7 @@ mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VARIANTS=${VARIANTS:-wg}
-vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
+vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; wg32) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=32";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
 FIRST=${VARIANTS%% *}
 CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
 NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
@@ -81,6 +81,10 @@ done
 if [ -n "${BENCH_EXTRA:-}" ]; then
   stamp "bench extra: $BENCH_EXTRA"
   timeout 120 "$B/bench_attn2_$FIRST" --json "$OUT/bench_attn2_extra.jsonl" $BENCH_EXTRA 2>&1 | tail -6
+fi
+if [ -n "${BENCH_EXTRA2:-}" ]; then
+  stamp "bench extra 2: $BENCH_EXTRA2"
+  timeout 120 "$B/bench_attn2_$FIRST" --json "$OUT/bench_attn2_extra2.jsonl" $BENCH_EXTRA2 2>&1 | tail -6
 fi
 if [ "${PY:-0}" = 1 ]; then
   wait $py_pid; tail -3 "$B/py_build.log"

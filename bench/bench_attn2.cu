@@ -7,8 +7,9 @@
 // request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
 // 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
 //
-//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N]
-// (--splits: every shape with that many slices instead of attn2_splits', an experiment)
+//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N] [--cluster 8|16]
+// (--splits: every shape with that many slices instead of attn2_splits'; --cluster:
+// CTAs per slice on every path; both experiments)
 #include <cuda_runtime.h>
 
 #include "bench_util.h"
@@ -60,13 +61,21 @@ struct Result {
   bool ok;
 };
 
+int g_cluster_override = 0;  // --cluster N
+
 double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (md::Attn2Args a : calls) {
     a.pdl = pdl;
-    md::attn2(a, reinterpret_cast<md::Stream>(stream));
+    if (g_cluster_override) {  // an experiment: the split path with another cluster size
+      md::Attn2Params prm = md::check_attn2(a);
+      prm.cluster_size = g_cluster_override;
+      if (md::launch_attn2(prm, reinterpret_cast<md::Stream>(stream))) std::abort();
+    } else {
+      md::attn2(a, reinterpret_cast<md::Stream>(stream));
+    }
   }
   CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
@@ -183,6 +192,7 @@ int main(int argc, char** argv) {
         if (*c == ',') ++c;
       }
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) splits_override = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--cluster") && i + 1 < argc) g_cluster_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   if (!md::supported_family(md::gpu_family())) {

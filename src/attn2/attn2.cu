@@ -330,9 +330,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();
 
+#if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
   // gate, the cache insert, lengths, block table).
   wait_for_producer();
+#endif
 
   // Groups go round-robin over the CTAs of the active slices: CTA `me` takes
   // groups me, me + ctas, ... (group g: pages first_page + 8g ..). Without a
@@ -348,12 +350,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int token = row % kVerifyLen, head = kvh * kHeadsPerKvHead + row / kVerifyLen;
   const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
   uint2 gate_v = make_uint2(0u, 0u);
-  if (merger)
-    gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
-                                             head * kHeadDim + d);
   constexpr int kQLoads = 4 / kKeySplit;  // 16-byte loads per lane: the two warps of a row block share them
   uint4 qv[kQLoads];
-  {
+  auto load_q_and_gate = [&] {
+    if (merger)
+      gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
+                                               head * kHeadDim + d);
     // Row block rw: rows rw*16 + r (head 2rw + r / 8, token r % 8), 8 x 16 bytes each.
 #pragma unroll
     for (int k = 0; k < kQLoads; ++k) {
@@ -362,7 +364,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
           (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
     }
-  }
+  };
+#if !MUSE_ATTN2_WGMMA_PATH
+  load_q_and_gate();
+#endif
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
 #if MUSE_ATTN2_WGMMA_PATH
   // Warp 0 of each warpgroup, lanes 0-3: page ids of the warpgroup's first tile.
@@ -445,12 +450,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
     }
   };
+  // PDL: up to here the kernel has read only the lengths and the block
+  // table, and below it copies the pages of keys older than this step's 8
+  // (positions < L - 8), before griddepcontrol.wait. The kernel before attn2
+  // (qkv_front) writes q, gate and those 8 keys, and lets attn2 start only
+  // once it is past its own wait, so nothing read early can still be written.
+  const int first_new_page = (L - kVerifyLen) / kPageSize;  // pages from here on hold this step's keys
+  const int ring = min(kWgStages, my_tiles);
+  int issued = 0;
   if (rw == 0) {
     if (p.window != 0 && lane < kTilePages && my_tiles > 0 && first_page + vme * kTilePages + lane <= last_page)
       ids0 = bt[first_page + vme * kTilePages + lane];
     ids_next = load_batch(1);
-    for (int j = 0; j < min(kWgStages, my_tiles); ++j) issue(j);
+    while (issued < ring && first_page + (vme + issued * wgs + 1) * kTilePages - 1 < first_new_page) issue(issued++);
   }
+  wait_for_producer();
+  load_q_and_gate();
+  if (rw == 0)
+    while (issued < ring) issue(issued++);
 
   // ---- Q tile, 128-byte swizzled: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16 ----
 #pragma unroll
@@ -863,36 +880,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     if (d == 0) __stcg(&ws_ml[at], make_float2(m_all, l_all));
     __stcg(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
   }
-  __threadfence();
+  // Arrival: the cluster barrier orders every CTA's partial before rank 0's
+  // acquire-release add at GPU scope, the same chain (atomic, then the
+  // barrier) orders the other slices' partials before the last cluster's
+  // loads; no full fences.
   cluster.sync();  // the cluster's partial is written (and no one reads shared memory any more)
   if (rank == 0 && threadIdx.x == 0) {
-    const int before = atomicAdd(&counters[pair], 1);
+    int before;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(&counters[pair]) : "memory");
     const int last = before == active - 1;
-    if (last) atomicExch(&counters[pair], 0);  // ready for the next launch
-    __threadfence();
+    if (last) counters[pair] = 0;  // ready for the next launch (which reads it after its griddepcontrol.wait)
 #pragma unroll 1
     for (int k = 0; k < kCluster; ++k) *cluster.map_shared_rank(&s_last, k) = last;
   }
   cluster.sync();
   if (!s_last || !merger) return;
-  __threadfence();
-  // Merge every slice of this row in slice order, in one pass (online: one
-  // round of L2 loads instead of two; the order, hence the bits, is fixed).
+  // Merge every slice of this row in slice order (the order, hence the bits,
+  // is fixed), 16 slices per round: all their loads in flight at once, one
+  // L2 round trip per round instead of one per slice.
+  constexpr int kRound = 16;
   float m_max = -INFINITY, l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-  for (int z = 0; z < active; ++z) {
-    const int64_t at = slice0 + z * kRows + row;
-    const float2 ml = __ldcg(&ws_ml[at]);
-    const float4 ov = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
-    const float m_new = fmaxf(m_max, ml.x);
-    const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
-    const float sc = fast_exp2(m_max - mu), w = fast_exp2(ml.x - mu);
-    m_max = m_new;
-    l_sum = sc * l_sum + w * ml.y;
-    f[0] = sc * f[0] + w * ov.x;
-    f[1] = sc * f[1] + w * ov.y;
-    f[2] = sc * f[2] + w * ov.z;
-    f[3] = sc * f[3] + w * ov.w;
+  for (int z0 = 0; z0 < active; z0 += kRound) {
+    float2 ml[kRound];
+    float4 ov[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      if (z0 + k < active) {
+        const int64_t at = slice0 + (z0 + k) * kRows + row;
+        ml[k] = __ldcg(&ws_ml[at]);
+        ov[k] = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      if (z0 + k < active) {
+        const float m_new = fmaxf(m_max, ml[k].x);
+        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
+        const float sc = fast_exp2(m_max - mu), w = fast_exp2(ml[k].x - mu);
+        m_max = m_new;
+        l_sum = sc * l_sum + w * ml[k].y;
+        f[0] = sc * f[0] + w * ov[k].x;
+        f[1] = sc * f[1] + w * ov[k].y;
+        f[2] = sc * f[2] + w * ov[k].z;
+        f[3] = sc * f[3] + w * ov[k].w;
+      }
+    }
   }
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};

@@ -403,9 +403,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  // The next kernel may start as soon as every CTA is here: it only reads its
-  // own weights before its griddepcontrol.wait, which waits for all of this grid.
-  allow_dependent_grid();
 
 #ifdef MUSE_QKV_FRONT_DIAG_NO_X
   constexpr uint32_t kTxBytes = kWBytes;
@@ -440,6 +437,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     for (int i = 0; i < pre; ++i) issue_w(i, i);
     wait_for_producer_grid();  // x is the previous kernel's output
+    // The next kernel may start once every CTA is past its wait (not before:
+    // attn2 reads the lengths, block tables and older keys before its own
+    // wait, which then must not race this kernel's predecessors).
+    allow_dependent_grid();
     for (int i = 0; i < pre; ++i) issue_x(i, i);
     for (int i = pre; i < ring; ++i) {  // empty stages: no consumer to wait for
       issue_w(i, i);
@@ -594,7 +595,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   cluster_arrive_release();
-  allow_dependent_grid();
 
   constexpr uint32_t kTxBytes = L::kStageBytes;
   if (warp == kStagingWarp) {
@@ -619,6 +619,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     for (int i = 0; i < pre; ++i) issue_w(i, i);
     wait_for_producer_grid();  // x is the previous kernel's output
+    // The next kernel may start once every CTA is past its wait (not before:
+    // attn2 reads the lengths, block tables and older keys before its own
+    // wait, which then must not race this kernel's predecessors).
+    allow_dependent_grid();
     // The empty stages first: the weight keeps HBM busy from the moment the
     // previous grid is done, before the consumers have x.
     for (int i = pre; i < ring; ++i) issue_w(i, i);
