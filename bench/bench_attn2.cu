@@ -63,6 +63,11 @@ struct Result {
 
 int g_cluster_override = 0;  // --cluster N
 
+}  // namespace
+// Phase stamps of the last calls, when attn2.cu is built with -DMUSE_ATTN2_PROBE.
+extern "C" void muse_attn2_print_probe() __attribute__((weak));
+namespace {
+
 double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -230,6 +235,10 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const Result r = run_shape(s, stream, splits_override);
     results.push_back(r);
+    if (muse_attn2_print_probe) {
+      std::printf("# %s L %d (the PDL graph's last calls)\n", s.name, s.len);
+      muse_attn2_print_probe();
+    }
     char line[1024];
     std::snprintf(line, sizeof line,
                   "{\"op\": \"attn2\", \"shape\": \"%s\", \"num_kv_heads\": %d, \"num_reqs\": %d, "

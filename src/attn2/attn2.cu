@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 
 #include "attn2_kernels.h"
@@ -196,13 +197,20 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 
 // Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
 __device__ __forceinline__ void pin(float (&d)[8][4]) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
     asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
+}
+
+__device__ __forceinline__ void pin_a(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    asm volatile("" : "+r"(a[k][0]), "+r"(a[k][1]), "+r"(a[k][2]), "+r"(a[k][3])::"memory");
 }
 
 // d (64 x 64, fp32; n-tile n of this thread in d[n]) = (accumulate ? d : 0) +
@@ -261,6 +269,30 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Distributed shared memory: `addr` (this CTA's shared address) in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
 __device__ __forceinline__ void wait_for_producer() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -287,6 +319,26 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
   *reinterpret_cast<uint2*>(out) = v;
 }
 
+// Diagnostics (-DMUSE_ATTN2_PROBE, experiments only): CTA (0, 0, 0), thread 0
+// stamps %globaltimer at its phases into a ring of 16 calls; the process
+// prints the last calls' phases at exit.
+#ifdef MUSE_ATTN2_PROBE
+__device__ unsigned long long g_probe[16][12];
+__device__ unsigned int g_probe_calls;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define PROBE(i)                                                                                   \
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {                 \
+    if ((i) == 0) probe_slot = atomicAdd(&g_probe_calls, 1u) % 16;                                   \
+    g_probe[probe_slot][i] = global_ns();                                                          \
+  }
+#else
+#define PROBE(i)
+#endif
+
 template <int kCluster>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
@@ -302,6 +354,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
   cg::cluster_group cluster = cg::this_cluster();
+#ifdef MUSE_ATTN2_PROBE
+  unsigned int probe_slot = 0;
+#endif
+  PROBE(0);
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
   const int split = static_cast<int>(blockIdx.x) / kCluster;
   const int kvh = blockIdx.y;
@@ -329,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  PROBE(1);
 
 #if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
@@ -385,6 +442,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
 #endif
   const int L = p.seq_lens[req];
+  PROBE(2);
   const bool broken = L < kVerifyLen || L > p.max_model_len;
   // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
   const int lo = p.window > 0 ? max(0, L - (kVerifyLen - 1) - p.window) : 0;
@@ -465,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     while (issued < ring && first_page + (vme + issued * wgs + 1) * kTilePages - 1 < first_new_page) issue(issued++);
   }
   wait_for_producer();
+  PROBE(3);
   load_q_and_gate();
   if (rw == 0)
     while (issued < ring) issue(issued++);
@@ -480,20 +539,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (merger) s_gate[threadIdx.x] = gate_v;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the Q tile is read by wgmma (async proxy)
   __syncthreads();
+  PROBE(4);
 
   {
     const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
     const int col = (lane % 4) * 2;             // this thread's first column of each n-tile of 8
     const int wtid = threadIdx.x % 128;         // thread within the warpgroup
-    for (int it = 0; it < my_tiles; ++it) {
+    // Tile it's stage once its copies have landed; V rows of keys past L zeroed.
+    auto tile_ready = [&](int it, int& key0, bool& masked) {
       const int g = vme + it * wgs;
       const int s = kh * kWgStages + it % kWgStages;
       mbar_wait(&full_bar[s], (it / kWgStages) & 1);
-      const uint32_t k_tile = stage_addr(s), v_tile = k_tile + kHalfBytes;
-      const int key0 = (first_page + g * kTilePages) * kPageSize;
+      key0 = (first_page + g * kTilePages) * kPageSize;
       if (key0 + kTileKeys > L) {
         // Keys past L may hold anything (NaN; pages past the last are not
         // even loaded): P is 0 there, but 0 * NaN is not. Zero their V rows.
+        const uint32_t v_tile = stage_addr(s) + kHalfBytes;
         for (int c = max(0, L - key0) * 8 + wtid; c < kTileKeys * 8; c += 128)
           asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(v_tile + c * 16), "r"(0) : "memory");
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -504,17 +565,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
       // Uniform per tile: only tiles holding keys past row 0's position or
       // below row 7's window need masks.
-      const bool masked = key0 + kTileKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
-
-      // S = Q K^T (64 rows x 64 keys): 4 k-steps of 16 dims (32 bytes into the swizzled rows).
-      float s_acc[8][4];
+      masked = key0 + kTileKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+      return s;
+    };
+    float s_acc[8][4];  // S of one tile (64 rows x 64 keys), then its P in fp32
+    uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
+    // S = Q K^T: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
+    auto issue_s = [&](int s) {
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss(s_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(k_tile + ks * 32, 16, 1024), ks);
+        wgmma_ss(s_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
       wgmma_commit();
-      wgmma_wait_all();
-      pin(s_acc);
+    };
+    // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows), asynchronous.
+    auto issue_pv = [&](int s) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+      wgmma_commit();
+    };
+    // Online softmax of s_acc in place (rows r = 0: c0, c1; r = 1: c2, c3),
+    // on raw scores: p = exp2(s * c - m * c), c = scale * log2(e). Returns in
+    // alpha the factor the rows' O must take once the previous P V is done.
+    auto softmax = [&](int key0, bool masked, float (&alpha)[2]) {
       if (masked) {
 #pragma unroll
         for (int t = 0; t < 8; ++t)
@@ -525,7 +600,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
             s_acc[t][e] = visible ? s_acc[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
           }
       }
-      // Online softmax on raw scores, rows r = 0 (c0, c1) and r = 1 (c2, c3).
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
@@ -539,41 +613,76 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
         const float m_new = fmaxf(m_run[r], mx[r]);
         const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-        const float alpha = fast_exp2((m_run[r] - mu) * kScaleLog2);
+        alpha[r] = fast_exp2((m_run[r] - mu) * kScaleLog2);
         neg_mc[r] = -mu * kScaleLog2;
         m_run[r] = m_new;
-        l_run[r] *= alpha;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          o[n][2 * r] *= alpha;
-          o[n][2 * r + 1] *= alpha;
-        }
+        l_run[r] *= alpha[r];
       }
-      uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        const float p0 = fast_exp2(fmaf(s_acc[t][0], kScaleLog2, neg_mc[0]));
-        const float p1 = fast_exp2(fmaf(s_acc[t][1], kScaleLog2, neg_mc[0]));
-        const float p2 = fast_exp2(fmaf(s_acc[t][2], kScaleLog2, neg_mc[1]));
-        const float p3 = fast_exp2(fmaf(s_acc[t][3], kScaleLog2, neg_mc[1]));
-        l_run[0] += p0 + p1;
-        l_run[1] += p2 + p3;
-        pa[t / 2][(t % 2) * 2] = pack_bf16(p0, p1);
-        pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(p2, p3);
+        s_acc[t][0] = fast_exp2(fmaf(s_acc[t][0], kScaleLog2, neg_mc[0]));
+        s_acc[t][1] = fast_exp2(fmaf(s_acc[t][1], kScaleLog2, neg_mc[0]));
+        s_acc[t][2] = fast_exp2(fmaf(s_acc[t][2], kScaleLog2, neg_mc[1]));
+        s_acc[t][3] = fast_exp2(fmaf(s_acc[t][3], kScaleLog2, neg_mc[1]));
+        l_run[0] += s_acc[t][0] + s_acc[t][1];
+        l_run[1] += s_acc[t][2] + s_acc[t][3];
       }
-      // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows).
-      wgmma_fence();
+    };
+    auto rescale_and_pack = [&](const float (&alpha)[2]) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs(o, pa[kk], sw128_desc(v_tile + kk * 2048, kHalfBytes, 1024));
-      wgmma_commit();
-      wgmma_wait_all();
-      pin(o);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty_bar[s]);
-      if (rw == 0 && it + kWgStages < my_tiles) {
-        mbar_wait(&empty_bar[s], (it / kWgStages) & 1);  // the warpgroup is done with this stage
-        issue(it + kWgStages);
+      for (int n = 0; n < 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
       }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        pa[t / 2][(t % 2) * 2] = pack_bf16(s_acc[t][0], s_acc[t][1]);
+        pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(s_acc[t][2], s_acc[t][3]);
+      }
+    };
+    // Software pipeline (FA3's intra-warpgroup overlap): while the tensor
+    // cores run tile it's P V, this warpgroup's S of tile it + 1 is already
+    // computed and its softmax runs beside them.
+    if (my_tiles > 0) {
+      int key0;
+      bool masked;
+      float alpha[2];
+      int s = tile_ready(0, key0, masked);
+      PROBE(5);
+      issue_s(s);
+      wgmma_wait<0>();
+      pin(s_acc);
+      softmax(key0, masked, alpha);
+      rescale_and_pack(alpha);
+      auto release = [&](int it, int st) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty_bar[st]);
+        if (rw == 0 && it + kWgStages < my_tiles) {
+          mbar_wait(&empty_bar[st], (it / kWgStages) & 1);  // the warpgroup is done with this stage
+          issue(it + kWgStages);
+        }
+      };
+      for (int it = 0; it + 1 < my_tiles; ++it) {
+        const int s_next = tile_ready(it + 1, key0, masked);
+        issue_s(s_next);
+        issue_pv(s);
+        wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
+        pin(s_acc);
+        softmax(key0, masked, alpha);
+        wgmma_wait<0>();
+        pin(o);
+        pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
+        release(it, s);
+        rescale_and_pack(alpha);
+        s = s_next;
+      }
+      issue_pv(s);
+      wgmma_wait<0>();
+      pin(o);
+      pin_a(pa);
+      release(my_tiles - 1, s);
     }
     // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).
 #pragma unroll
@@ -790,7 +899,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     xchg[8 * kHalfThreads + t] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
   }
   __syncthreads();  // every stage consumed, s_bad set, the second half's state written
+  PROBE(6);
+#ifndef MUSE_ATTN2_LATE_TRIGGER
   allow_dependents();
+#endif
   if (kKeySplit == 2 && kh == 0) {
     // Both halves' states, merged in a fixed order (first half, then second).
     // The second half's warps only join the cluster barriers from here on:
@@ -834,43 +946,64 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   }
   cluster.sync();
+  PROBE(7);
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float m_all = -INFINITY, l_all = 0.0f;
   if (merger) {
-    float mk[kCluster];
+    // Every remote load first (one distributed-shared-memory round trip, not
+    // one per CTA): the row's 16 threads each load 4 columns of O from every
+    // CTA, and lane j of the row only CTA j's m and l (not all 16 the same);
+    // the weights then go round by shuffles. The rank order of the sums is fixed.
+    const int j = threadIdx.x % 16;
+    float4 ok[kCluster];
+    const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) {
-      mk[k] = cluster.map_shared_rank(s_m, k)[row];
-      m_all = fmaxf(m_all, mk[k]);
+    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, k));
+    float mj = -INFINITY, lj = 0.0f;
+    if (j < kCluster) {
+      mj = ld_cluster_f32(map_rank(smem_addr(&s_m[row]), j));
+      lj = ld_cluster_f32(map_rank(smem_addr(&s_l[row]), j));
     }
+    m_all = mj;
+#pragma unroll
+    for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
+    const float wj = mj == -INFINITY ? 0.0f : fast_exp2(mj - m_all);
+    const float wlj = wj * lj;
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const float w = mk[k] == -INFINITY ? 0.0f : fast_exp2(mk[k] - m_all);
-      l_all += w * cluster.map_shared_rank(s_l, k)[row];
-      const float4 ov = *reinterpret_cast<const float4*>(cluster.map_shared_rank(merge_o, k) + row * kMergeStride + d);
-      acc[0] += w * ov.x;
-      acc[1] += w * ov.y;
-      acc[2] += w * ov.z;
-      acc[3] += w * ov.w;
+      const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
+      const float w = __shfl_sync(0xFFFFFFFFu, wj, src);
+      l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
+      acc[0] += w * ok[k].x;
+      acc[1] += w * ok[k].y;
+      acc[2] += w * ok[k].z;
+      acc[3] += w * ok[k].w;
     }
   }
+#ifdef MUSE_ATTN2_LATE_TRIGGER
+  allow_dependents();
+#endif
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
   if (active == 1) {
-    cluster.sync();  // no CTA leaves while others read its shared memory
+    PROBE(8);
+    cluster_arrive();  // done with the other CTAs' shared memory
     if (merger) {
       const float inv = 1.0f / l_all;
       const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
       finish_row(ov, s_gate[threadIdx.x], out_ptr);
+      PROBE(9);
     }
+    cluster_wait();  // no CTA leaves while others read its shared memory
     return;
   }
 
-  // ---- split path: partial to the workspace, the last cluster merges ---------------
+  // ---- split path: partial to the workspace; per CTA rank, the slice that
+  // arrives last merges that rank's rows over all slices -----------------------------
   const int pair = req * p.num_kv_heads + kvh;
-  int* counters = static_cast<int*>(p.workspace);
+  int* counter = static_cast<int*>(p.workspace) + pair * detail::kAttn2MaxCluster + rank;
   float2* ws_ml = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) +
                                             detail::attn2_counter_bytes(static_cast<int64_t>(p.num_reqs) * p.num_kv_heads));
   float* ws_o = reinterpret_cast<float*>(ws_ml + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * kRows);
@@ -880,21 +1013,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     if (d == 0) __stcg(&ws_ml[at], make_float2(m_all, l_all));
     __stcg(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
   }
-  // Arrival: the cluster barrier orders every CTA's partial before rank 0's
-  // acquire-release add at GPU scope, the same chain (atomic, then the
-  // barrier) orders the other slices' partials before the last cluster's
-  // loads; no full fences.
-  cluster.sync();  // the cluster's partial is written (and no one reads shared memory any more)
-  if (rank == 0 && threadIdx.x == 0) {
+  cluster_arrive();  // done with the other CTAs' shared memory
+  // Arrival: the CTA barrier orders this CTA's partial rows before thread 0's
+  // acquire-release add at GPU scope; the same chain (add, then the barrier)
+  // orders the other slices' rows before the last one's loads. No full fences,
+  // no cluster-wide barrier.
+  __syncthreads();
+  if (threadIdx.x == 0) {
     int before;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(&counters[pair]) : "memory");
-    const int last = before == active - 1;
-    if (last) counters[pair] = 0;  // ready for the next launch (which reads it after its griddepcontrol.wait)
-#pragma unroll 1
-    for (int k = 0; k < kCluster; ++k) *cluster.map_shared_rank(&s_last, k) = last;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    s_last = before == active - 1;
+    if (s_last) *counter = 0;  // ready for the next launch (which reads it after its griddepcontrol.wait)
   }
-  cluster.sync();
-  if (!s_last || !merger) return;
+  __syncthreads();
+  PROBE(8);
+  if (!s_last || !merger) {
+    cluster_wait();  // no CTA leaves while others read its shared memory
+    return;
+  }
   // Merge every slice of this row in slice order (the order, hence the bits,
   // is fixed), 16 slices per round: all their loads in flight at once, one
   // L2 round trip per round instead of one per slice.
@@ -929,6 +1065,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
   finish_row(ov, s_gate[threadIdx.x], out_ptr);
+  PROBE(9);
+  cluster_wait();
 }
 
 // ---------------------------------------------------------------------------
@@ -1040,6 +1178,24 @@ int max_active_clusters() {
 }
 
 }  // namespace
+
+#ifdef MUSE_ATTN2_PROBE
+extern "C" void muse_attn2_print_probe() {
+  unsigned long long h[16][12];
+  unsigned int calls = 0;
+  if (cudaMemcpyFromSymbol(h, g_probe, sizeof(h)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(&calls, g_probe_calls, sizeof(calls)) != cudaSuccess)
+    return;
+  std::printf("# probe, ns from CTA 0 entry: 1 init, 2 L, 3 wait, 4 Q, 5 tile 0, 6 loop, 7 merged in CTA, 8 cluster merged, 9 out; gap = entry - previous call's out\n");
+  for (unsigned int k = calls >= 6 ? calls - 6 : 0; k + 1 < calls; ++k) {
+    const auto* r = h[k % 16];
+    const auto* prev = h[(k + 15) % 16];
+    std::printf("#  gap %6lld |", static_cast<long long>(r[0] - prev[9]));
+    for (int i = 1; i < 10; ++i) std::printf(" %6lld", static_cast<long long>(r[i] - r[0]));
+    std::printf("\n");
+  }
+}
+#endif
 
 namespace detail {
 int attn2_set_kernel_attributes(int* short_cluster_size) {

@@ -6,10 +6,12 @@
 
 namespace muse_decode::detail {
 
-// Workspace of the split path: int32 arrival counters [R * KVH], padded to 256
-// bytes; then float2 (m, l) [R, KVH, splits, 64 rows]; then float O
-// [R, KVH, splits, 64 rows, 64] (unnormalised, relative to m).
-constexpr int64_t attn2_counter_bytes(int64_t pairs) { return (pairs * 4 + 255) / 256 * 256; }
+// Workspace of the split path: int32 arrival counters [R * KVH, 16] (one per
+// CTA rank of a slice's cluster), padded to 256 bytes; then float2 (m, l)
+// [R, KVH, splits, 64 rows]; then float O [R, KVH, splits, 64 rows, 64]
+// (unnormalised, relative to m).
+constexpr int kAttn2MaxCluster = 16;
+constexpr int64_t attn2_counter_bytes(int64_t pairs) { return (pairs * kAttn2MaxCluster * 4 + 255) / 256 * 256; }
 constexpr int64_t attn2_partial_bytes(int64_t partial_rows) { return partial_rows * (2 + 64) * 4; }
 
 // Sets the kernels' attributes on the current device (dynamic shared memory,

@@ -100,7 +100,7 @@ TEST(Attn2Sizing, WorkspaceBytes) {
   EXPECT_EQ(md::attn2_workspace_bytes(8, 16, 1), 0);
   // counters padded to 256 bytes, then (m, l) and 64 floats per row and slice.
   EXPECT_EQ(md::attn2_workspace_bytes(1, 2, 16), 256 + 2 * 16 * 64 * 66 * 4);
-  EXPECT_EQ(md::attn2_workspace_bytes(8, 16, 2), 512 + 128 * 2 * 64 * 66 * 4);
+  EXPECT_EQ(md::attn2_workspace_bytes(8, 16, 2), 128 * 16 * 4 + 128 * 2 * 64 * 66 * 4);
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(0, 2, 4); }), "num_reqs must be at least 1, got 0");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 0, 4); }), "num_kv_heads must be at least 1, got 0");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 2, 33); }), "num_splits must be in [1, 32], got 33");
