@@ -17,9 +17,9 @@ from typing import NamedTuple
 import torch
 
 from . import stock
-from .attention import attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
+from .attention import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
-from .front import launch_qkv_front, qkv_front_workspace_bytes, split_qkv, unsupported_projection
+from .front import QkvFront, qkv_front_workspace_bytes, split_qkv, unsupported_projection
 from .platform import supported_gpu
 from .routing import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
 
@@ -156,7 +156,18 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         self.front_ws = torch.zeros(qkv_front_workspace_bytes(self.num_kv_heads, dev.index or 0),
                                     dtype=torch.uint8, device=dev)
         self.routing = MuseRouting(self.router)
+        self._bound_cache = None  # the KV cache the bound ops below read
         self._fused_ready = True
+
+    def _bind(self, kv_cache):
+        """The front and attn2 bound to this layer's weight, rotary table,
+        workspaces and KV cache (validated once; a call then reads only the
+        step's tensors, SPEC section 7). Rebound when the cache changes."""
+        if self._bound_cache is not kv_cache:
+            cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
+            self._front = QkvFront(self.qkv_proj.weight, cos_sin, kv_cache, self.num_kv_heads, self.front_ws)
+            self._attn = Attn2(kv_cache, self.attn_ws, self.max_model_len, self.window, self.splits)
+            self._bound_cache = kv_cache
 
     def new_metadata(self) -> torch.Tensor:
         """A metadata buffer for this rank's experts (int32, 16-byte aligned)."""
@@ -172,18 +183,18 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
         kvh = self.num_kv_heads
         # Attention front.
+        if plan.front or plan.attention:
+            self._bind(kv_cache)
         if plan.front:
             qkv = torch.empty(t, self.qkv_proj.weight.shape[0], dtype=x.dtype, device=x.device)
-            launch_qkv_front(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache, kvh, qkv,
-                             self.front_ws)
+            self._front(x, positions, slot_mapping, qkv)
         else:
             qkv = stock.qkv_front(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache, kvh)
         q, gate = split_qkv(qkv, kvh)
         # Attention with o-norm and gate.
         if plan.attention:
             attn = torch.empty(t, self.num_heads * HEAD_DIM, dtype=x.dtype, device=x.device)
-            attn2(q, gate, kv_cache, block_table, seq_lens, attn, self.attn_ws, self.max_model_len, self.window,
-                  self.splits)
+            self._attn(q, gate, block_table, seq_lens, attn)
         else:
             attn = stock.attn2(q, gate, kv_cache, block_table, seq_lens, self.window, self.max_model_len)
         o = attn @ self.o_proj.weight.t()

@@ -25,25 +25,30 @@ namespace {
 constexpr int kRowsPerPair = kVerifyLen * kHeadsPerKvHead;  // 64
 constexpr int kMaxGridYZ = 65535;
 
-// Split-path heuristic. 2 CTAs fit per SM (98.7 KB of shared memory + 9.6 KB
-// static each), and an H200 co-schedules 30 clusters of 8 of them (240 CTAs:
-// cudaOccupancyMaxActiveClusters, measured; a cluster stays inside one GPC).
-// A slice is a cluster of 8 CTAs; more than 240 CTAs per request start a
-// second wave, which doubles the time of a one-request step (measured: 16
-// TP8 slices = 256 CTAs took 24 us at L = 32k, two waves of ~12). So:
-//   TP8, KVH 2:  240 / (8 * 2)  = 15 slices -> 240 CTAs (one wave)
-//   TP4, KVH 4:  240 / (8 * 4)  =  7 slices -> 224 CTAs
+// Split-path heuristic. 2 CTAs fit per SM (107.9 KB of shared memory + 1.7 KB
+// static each). A slice is a cluster of CTAs; an H200 co-schedules 30
+// clusters of 8 (240 CTAs) or 14 of 16 (224; cudaOccupancyMaxActiveClusters,
+// measured: a cluster stays inside one GPC). More CTAs than that per request
+// start a second wave, which doubles the time of a one-request step
+// (measured: 16 TP8 slices of 8 = 256 CTAs took 24 us at L = 32k, two waves
+// of ~12). With 1-2 KV heads (TP8) a slice is a cluster of 16: half the
+// slices, so half the partials to merge through the workspace, and the
+// one-slice range (merged in the cluster only) reaches twice as far in L
+// (measured on the H200, same run, PDL: 2k 5.0 / 6.0 us, 32k 12.1 / 14.3 us
+// against clusters of 8; 8k and 128k within noise). So:
+//   TP8, KVH 2:  224 / (16 * 2) =  7 slices of 16 -> 224 CTAs (one wave)
+//   KVH 1:       14 slices of 16
+//   TP4, KVH 4:  240 / (8 * 4)  =  7 slices of 8  -> 224 CTAs
 //   TP1, KVH 16: 240 / (8 * 16) =  1 -> raised to 2: 256 CTAs per request. With
 //     8 requests (the TP1 shape we serve) 2048 CTAs make 8.5 waves, against 4.3
 //     for one slice (a 0.3-full last wave of twice-as-long CTAs); one request
 //     at TP1 pays a second wave.
-//   KVH 1:       30 slices (the last cluster merges 30 partials of 8 rows: 8 KB per CTA)
 // and never more slices than the longest request fills with one 8-page group
-// (128 keys) per CTA: max_model_len 4096 -> 32 groups -> 4 slices.
-constexpr int kTargetCtas = 240;
+// (128 keys) per CTA: max_model_len 4096 -> 32 groups -> 2 slices of 16.
 constexpr int kMinSplits = 2;
-constexpr int kSplitCluster = 8;
 constexpr int kGroupKeys = 8 * kPageSize;
+int split_cluster(int num_kv_heads) { return num_kv_heads <= 2 ? 16 : 8; }
+int target_ctas(int cluster) { return cluster == 16 ? 224 : 240; }
 }  // namespace
 
 int attn2_window(std::optional<int> sliding_window, int max_model_len) {
@@ -56,9 +61,10 @@ int attn2_window(std::optional<int> sliding_window, int max_model_len) {
 int attn2_splits(int max_model_len, int window, int num_kv_heads) {
   if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
   if (window != 0 || max_model_len <= kAttn2ShortMaxLen) return 1;
-  const int fill = std::max(kMinSplits, kTargetCtas / (kSplitCluster * num_kv_heads));
+  const int cluster = split_cluster(num_kv_heads);
+  const int fill = std::max(kMinSplits, target_ctas(cluster) / (cluster * num_kv_heads));
   const int64_t groups = (static_cast<int64_t>(max_model_len) + kGroupKeys - 1) / kGroupKeys;
-  const int64_t useful = (groups + kSplitCluster - 1) / kSplitCluster;
+  const int64_t useful = (groups + cluster - 1) / cluster;
   int64_t s = fill < useful ? fill : useful;
   if (s > kAttn2MaxSplits) s = kAttn2MaxSplits;
   return s < 1 ? 1 : static_cast<int>(s);
@@ -209,7 +215,7 @@ Attn2Params check_attn2(const Attn2Args& a) {
   p.max_model_len = a.max_model_len;
   p.window = a.window;
   p.num_splits = a.num_splits;
-  p.cluster_size = a.num_splits == 1 ? 16 : kSplitCluster;
+  p.cluster_size = a.num_splits == 1 ? 16 : split_cluster(kvh);
   p.pdl = a.pdl;
   return p;
 }
@@ -257,7 +263,7 @@ void attn2(const Attn2Args& args, Stream stream) {
   const int device = args.kv_cache.device;
   const int cluster = device < kMaxDevices ? g_short_cluster[device].load(std::memory_order_relaxed) : 0;
   if (cluster == 0) fail(cat("attn2 on cuda:", device, " needs prepare_attn2(", device, ") first"));
-  if (p.num_splits == 1) p.cluster_size = cluster;
+  if (p.cluster_size == 16) p.cluster_size = cluster;  // 8 where the GPU cannot place a cluster of 16
   if (int err = launch_attn2(p, stream))
     throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
 }

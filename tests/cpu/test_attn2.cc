@@ -79,12 +79,12 @@ TEST(Attn2Sizing, Splits) {
   EXPECT_EQ(md::attn2_splits(2048, 0, 2), 1);
   EXPECT_EQ(md::attn2_splits(131072, 2048, 2), 1);
   EXPECT_EQ(md::attn2_splits(131072, 100, 16), 1);
-  EXPECT_EQ(md::attn2_splits(131072, 0, 2), 15);   // TP8: 240 CTAs, one wave
+  EXPECT_EQ(md::attn2_splits(131072, 0, 2), 7);    // TP8: 7 clusters of 16 = 224 CTAs, one wave
   EXPECT_EQ(md::attn2_splits(131072, 0, 4), 7);    // TP4: 224 CTAs
   EXPECT_EQ(md::attn2_splits(131072, 0, 16), 2);   // TP1: at least 2
-  EXPECT_EQ(md::attn2_splits(131072, 0, 1), 30);
-  EXPECT_EQ(md::attn2_splits(4096, 0, 2), 4);      // 32 groups of 128 keys: 4 clusters of 8
-  EXPECT_EQ(md::attn2_splits(2049, 0, 2), 3);      // 17 groups
+  EXPECT_EQ(md::attn2_splits(131072, 0, 1), 14);
+  EXPECT_EQ(md::attn2_splits(4096, 0, 2), 2);      // 32 groups of 128 keys: 2 clusters of 16
+  EXPECT_EQ(md::attn2_splits(2049, 0, 2), 2);      // 17 groups
   EXPECT_EQ(md::attn2_splits(131072, 0, 64), 2);
   for (int mml : {2049, 4096, 8192, 32768, 131072, 1 << 20})
     for (int kvh : {1, 2, 4, 8, 16, 32}) {
@@ -143,8 +143,8 @@ TEST(Attn2Check, GoodCallFillsTheParams) {
   EXPECT_EQ(p.num_kv_heads, 2);
   EXPECT_EQ(p.num_reqs, 1);
   EXPECT_EQ(p.block_table_stride, 8192);
-  EXPECT_EQ(p.num_splits, 15);
-  EXPECT_EQ(p.cluster_size, 8);
+  EXPECT_EQ(p.num_splits, 7);
+  EXPECT_EQ(p.cluster_size, 16);
   EXPECT_EQ(p.workspace, c.a.workspace.data);
   EXPECT_EQ(p.max_model_len, 131072);
 
@@ -274,7 +274,7 @@ TEST(Attn2Check, WorkspaceAndOverlapReasons) {
   c = Call();
   c.a.workspace = md::make_tensor(addr(0x5000000), DType::kInt32, {1000});
   EXPECT_EQ(c.check(),
-            "workspace must be at least 507136 bytes (attn2_workspace_bytes(1, 2, 15)), got 4000 bytes");
+            "workspace must be at least 236800 bytes (attn2_workspace_bytes(1, 2, 7)), got 4000 bytes");
   c = Call();
   c.a.workspace.device = -1;
   EXPECT_EQ(c.check(), "workspace must be on a CUDA device, got host memory");
