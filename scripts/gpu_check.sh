@@ -54,6 +54,8 @@ export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 pytest_k=()
 [ -n "$ONLY" ] && pytest_k=(-k "$ONLY or cpu")
 $PY -m pytest -q -rs tests/python "${pytest_k[@]}" || status=1
+# The host cost per call, printed (the same test as above, its numbers in the log).
+[ -z "$ONLY" ] && { $PY -m pytest -q -s tests/python/test_host_overhead_gpu.py 2>&1 | grep -E "host us per call|passed|failed" || true; }
 
 step "benchmarks"
 mkdir -p bench/results
