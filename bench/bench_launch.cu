@@ -11,6 +11,8 @@
 //   bench_launch [--json path]
 #include <cuda_runtime.h>
 
+#include "../src/common/launch.cuh"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -119,6 +121,14 @@ int main(int argc, char** argv) {
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(launch_ex(empty_kernel, s, 8, true, 8)); }, s)});
   rows.push_back({"__cluster_dims__(8) kernel, cudaLaunchKernelEx + PDL",
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(launch_ex(empty_cluster8_kernel, s, 8, true, 0)); }, s)});
+  // The ops' launch path (src/common/launch.cuh): the driver's cuLaunchKernelEx on a kernel handle.
+  namespace mdd = muse_decode::detail;
+  rows.push_back({"launch_kernel (driver cuLaunchKernelEx), PDL", host_us_per_launch([&] {
+                    CUDA_CHECK_OR_EXIT(cudaError_t(mdd::launch_kernel<empty_kernel>({dim3(8), dim3(256), 0, 0, true}, s, 0)));
+                  }, s)});
+  rows.push_back({"launch_kernel (driver cuLaunchKernelEx), cluster 8 + PDL", host_us_per_launch([&] {
+                    CUDA_CHECK_OR_EXIT(cudaError_t(mdd::launch_kernel<empty_kernel>({dim3(8), dim3(256), 0, 8, true}, s, 0)));
+                  }, s)});
   rows.push_back({"route op (b = 8, metadata, PDL): launch_route",
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(cudaError_t(md::launch_route(p, reinterpret_cast<md::Stream>(s)))); }, s)});
 

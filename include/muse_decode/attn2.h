@@ -76,8 +76,16 @@ struct Attn2Args {
   int max_model_len = 0;  // of the deployment: sizes the grid and bounds L
   int window = 0;         // attn2_window(layer's sliding window, max_model_len); 0 = none
   int num_splits = 1;     // attn2_splits(max_model_len, window, KVH), or any value in [1, 32]
-  bool pdl = false;       // launch with programmatic dependent launch
+  bool pdl = false;       // launch with programmatic dependent launch (see below)
 };
+// With pdl the kernel may start while the kernel before it still runs. Before
+// its griddepcontrol.wait it reads only seq_lens, block_table and the cached
+// keys older than each request's 8 new ones (positions < L - 8), and copies
+// those pages; q, gate, the 8 new keys (qkv_front's insert) and everything
+// written come after the wait. So the kernel before attn2 must not write
+// seq_lens, block_table or older keys, nor, if it lets its dependents start
+// before its own wait (qkv_front does, at its start), may the kernel before
+// that one. A step writes none of them.
 
 // Launch parameters of the kernel (device layer; check_attn2 fills them).
 struct Attn2Params {

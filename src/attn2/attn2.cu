@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <cstdint>
 
+#include "../common/launch.cuh"
 #include "attn2_kernels.h"
 #include "muse_decode/attn2.h"
 
@@ -1127,21 +1128,9 @@ template <int kCluster>
 cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
   CUtensorMap map;
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kDynSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = p.pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&config, attn2_kernel<kCluster>, map, p);
+  const detail::LaunchShape shape{dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads),
+                                  kDynSmemBytes, kCluster, p.pdl};
+  return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster>>(shape, stream, map, p));
 }
 
 template <int kCluster>

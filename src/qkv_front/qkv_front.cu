@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "../common/launch.cuh"
 #include "muse_decode/qkv_front.h"
 #include "qkv_front_tuning.h"
 
@@ -403,6 +404,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // The next kernel may start as soon as every CTA is here: its reads before
+  // its griddepcontrol.wait are of what no kernel of a step writes (its own
+  // weights; attn2: lengths, block tables, keys older than the step's), and
+  // the wait then waits for all of this grid.
+  allow_dependent_grid();
 
 #ifdef MUSE_QKV_FRONT_DIAG_NO_X
   constexpr uint32_t kTxBytes = kWBytes;
@@ -437,10 +443,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     for (int i = 0; i < pre; ++i) issue_w(i, i);
     wait_for_producer_grid();  // x is the previous kernel's output
-    // The next kernel may start once every CTA is past its wait (not before:
-    // attn2 reads the lengths, block tables and older keys before its own
-    // wait, which then must not race this kernel's predecessors).
-    allow_dependent_grid();
     for (int i = 0; i < pre; ++i) issue_x(i, i);
     for (int i = pre; i < ring; ++i) {  // empty stages: no consumer to wait for
       issue_w(i, i);
@@ -595,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   cluster_arrive_release();
+  allow_dependent_grid();  // as in qkv_front_kernel
 
   constexpr uint32_t kTxBytes = L::kStageBytes;
   if (warp == kStagingWarp) {
@@ -619,10 +622,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     };
     for (int i = 0; i < pre; ++i) issue_w(i, i);
     wait_for_producer_grid();  // x is the previous kernel's output
-    // The next kernel may start once every CTA is past its wait (not before:
-    // attn2 reads the lengths, block tables and older keys before its own
-    // wait, which then must not race this kernel's predecessors).
-    allow_dependent_grid();
     // The empty stages first: the weight keeps HBM busy from the moment the
     // previous grid is done, before the consumers have x.
     for (int i = pre; i < ring; ++i) issue_w(i, i);
@@ -790,17 +789,8 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
       !make_map(&x_map, p.x, p.num_tokens, p.x_stride, NT * 8))
     return cudaErrorInvalidValue;
   const int pre = g_tuning.streamk_pre_stages > 0 ? g_tuning.streamk_pre_stages : kStages;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = p.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, qkv_front_kernel<NT>, w_map, x_map, p, pre);
+  const detail::LaunchShape shape{dim3(p.num_ctas), dim3(kThreads), kSmemBytes, 0, p.pdl};
+  return static_cast<cudaError_t>(detail::launch_kernel<qkv_front_kernel<NT>>(shape, stream, w_map, x_map, p, pre));
 }
 
 // Cluster kernel defaults (H200 runs in bench/NOTES-qkv_front.md, v3).
@@ -828,21 +818,10 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (split.ctas == 1) split.owner_blocks = kFrontBlocksPerTile;
   const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(heads * split.ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = ClusterLayout<NT>::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = split.ctas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = p.pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&config, qkv_front_cluster_kernel<NT>, w_map, x_map, p, split);
+  const detail::LaunchShape shape{dim3(heads * split.ctas), dim3(kThreads),
+                                  static_cast<unsigned>(ClusterLayout<NT>::kSmemBytes), split.ctas, p.pdl};
+  return static_cast<cudaError_t>(
+      detail::launch_kernel<qkv_front_cluster_kernel<NT>>(shape, stream, w_map, x_map, p, split));
 }
 
 // Which kernel serves a KV-head count: the cluster kernel where one cluster

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "../common/launch.cuh"
 #include "muse_decode/route.h"
 
 namespace muse_decode {
@@ -213,29 +214,11 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 }  // namespace
 
 int launch_route(const RouteParams& p, Stream stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_tokens);
-  config.blockDim = dim3(kThreads);
-  config.stream = reinterpret_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (p.metadata) {  // the whole grid is one cluster (<= 8 CTAs, portable)
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = p.num_tokens;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (p.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attr;
-  config.numAttrs = n;
-  const cudaError_t err = p.metadata ? cudaLaunchKernelEx(&config, route_kernel<true>, p)
-                                     : cudaLaunchKernelEx(&config, route_kernel<false>, p);
-  return static_cast<int>(err);
+  // With metadata the whole grid is one cluster (<= 8 CTAs, portable).
+  const detail::LaunchShape shape{dim3(p.num_tokens), dim3(kThreads), 0, p.metadata ? p.num_tokens : 0, p.pdl};
+  const auto s = reinterpret_cast<cudaStream_t>(stream);
+  return p.metadata ? detail::launch_kernel<route_kernel<true>>(shape, s, p)
+                    : detail::launch_kernel<route_kernel<false>>(shape, s, p);
 }
 
 }  // namespace muse_decode

@@ -1,0 +1,119 @@
+// One launch path for the ops' kernels (route, qkv_front, attn2): grid,
+// block, dynamic shared memory, an optional cluster and programmatic
+// dependent launch (PDL).
+//
+// Host cost matters here (SPEC section 7: at most 5 us per op, and a bare
+// launch already takes 2.8-4.4 us of it on the H200 hosts). The runtime's
+// cudaLaunchKernelEx looks the kernel up in the current context on every call;
+// this calls the driver's cuLaunchKernelEx (through the runtime's entry-point
+// query: no link to libcuda) on the context-free kernel handle that
+// cudaGetKernel returns once per kernel. MUSE_DECODE_RUNTIME_LAUNCH=1 builds
+// the runtime call instead, for comparison (bench/bench_launch.cu).
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#ifndef MUSE_DECODE_RUNTIME_LAUNCH
+#define MUSE_DECODE_RUNTIME_LAUNCH 0
+#endif
+
+namespace muse_decode::detail {
+
+struct LaunchShape {
+  dim3 grid, block;
+  unsigned smem_bytes = 0;
+  int cluster = 0;  // CTAs per cluster along x; 0: no cluster attribute
+  bool pdl = false;
+};
+
+inline PFN_cuLaunchKernelEx_v11060 driver_launch_fn() {
+  static const PFN_cuLaunchKernelEx_v11060 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &f, 11060, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(f);
+  }();
+  return fn;
+}
+
+// The context-free handle of kernel `Kernel`, looked up once.
+template <auto Kernel>
+cudaKernel_t kernel_handle() {
+  static const cudaKernel_t k = [] {
+    cudaKernel_t h = nullptr;
+    if (cudaGetKernel(&h, Kernel) != cudaSuccess) {
+      cudaGetLastError();
+      h = nullptr;
+    }
+    return h;
+  }();
+  return k;
+}
+
+// Launches Kernel(args...) on `stream`; returns the CUDA error as int.
+template <auto Kernel, typename... Args>
+int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
+#if !MUSE_DECODE_RUNTIME_LAUNCH
+  const auto launch = driver_launch_fn();
+  const cudaKernel_t k = kernel_handle<Kernel>();
+  if (launch && k) {
+    CUlaunchAttribute attr[2];
+    unsigned n = 0;
+    if (s.cluster > 0) {
+      attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr[n].value.clusterDim.x = static_cast<unsigned>(s.cluster);
+      attr[n].value.clusterDim.y = 1;
+      attr[n].value.clusterDim.z = 1;
+      ++n;
+    }
+    if (s.pdl) {
+      attr[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr[n].value.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    CUlaunchConfig config = {};
+    config.gridDimX = s.grid.x;
+    config.gridDimY = s.grid.y;
+    config.gridDimZ = s.grid.z;
+    config.blockDimX = s.block.x;
+    config.blockDimY = s.block.y;
+    config.blockDimZ = s.block.z;
+    config.sharedMemBytes = s.smem_bytes;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = attr;
+    config.numAttrs = n;
+    void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+    // A CUkernel stands for its function in the current context (CUDA 12).
+    return static_cast<int>(launch(&config, reinterpret_cast<CUfunction>(k), params, nullptr));
+  }
+#endif
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (s.cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(s.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (s.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = s.grid;
+  config.blockDim = s.block;
+  config.dynamicSmemBytes = s.smem_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = n;
+  return static_cast<int>(cudaLaunchKernelEx(&config, Kernel, args...));
+}
+
+}  // namespace muse_decode::detail
