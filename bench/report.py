@@ -73,6 +73,16 @@ def attn2_section(doc):
                      "FlashInfer (attention only)", "x FlashInfer"], rows))
 
 
+def launch_section(results):
+    """Host time per launch form and per C++ op call (bench/bench_launch.cu's JSON lines)."""
+    path = os.path.join(results, "launch_kernel.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = [[r["form"], fmt(r["host_us"])] for r in map(json.loads, open(path)) if r.get("op") == "launch"]
+    return ("### Host time of one launch (bench/bench_launch.cu, same run)\n\n"
+            + table(["launch form or call", "host us"], rows))
+
+
 def main():
     results = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "results")
     parts = []
@@ -81,6 +91,9 @@ def main():
         doc = load(results, name)
         if doc is not None:
             parts.append(fn(doc))
+    launches = launch_section(results)
+    if launches:
+        parts.append(launches)
     print("\n\n".join(parts))
 
 
