@@ -1,35 +1,39 @@
 // attn2 kernel: the 64 query rows (8 tokens x 8 heads) of one (request, KV
 // head) against its paged keys, o-norm and sigmoid gate fused (SPEC section 5).
-// One source for sm_90a and sm_100a: mma.sync, ldmatrix, cp.async.bulk,
-// mbarriers and clusters exist on both.
+// One source, two key loops: wgmma on sm_90a (the H200), mma.sync on sm_100a
+// (no wgmma there; MUSE_ATTN2_WGMMA=0 builds it on sm_90a too).
 //
-// Work decomposition. A cluster of C CTAs (16 on the one-slice path, 8 when
-// split) owns one key slice of one (request, KV head); the CTAs of all slices
-// of that pair take its visible pages in 8-page groups, round-robin, from the
-// device-side length L. Each CTA keeps an online-softmax state
+// Work decomposition. A cluster of C CTAs (16 on the one-slice path and at
+// 1-2 KV heads, else 8) owns one key slice of one (request, KV head); all
+// slices of that pair share its visible pages, round-robin from the
+// device-side length L, and the number of slices in use grows with L (every
+// CTA derives it from L alone). Each CTA keeps an online-softmax state
 // (m, l, unnormalised O) of all 64 rows; the cluster merges its C states
 // through distributed shared memory, CTA rank r merging rows [r*64/C, ...).
 // One slice: that CTA applies norm and gate and writes out. Several slices:
-// it writes its rows' partial to the workspace; the cluster that arrives last
-// on the (request, KV head) counter merges all slices in slice order
-// (deterministic whatever the arrival order), writes out, and resets the
-// counter for the next launch.
+// it writes its rows' partial to the workspace and counts its arrival on the
+// (pair, rank) counter; the slice that arrives last merges every slice's
+// partial of those rows in slice order (the same bits whatever the arrival
+// order), writes out and resets the counter for the next launch.
 //
-// Inside a CTA. Warp 0 also produces: it reads page ids and copies whole
-// 4 KB (page, KV head) slots into shared memory with cp.async.bulk, one 8-page
-// group per stage, 3 stages, completing on mbarriers. 8 warps compute: warps
-// w and w + 4 own rows w*16.. (two heads x 8 tokens) and take keys 0-7 and
-// 8-15 of every page, running S = Q K^T and O += P V with mma.sync m16n8k16
-// (bf16 in, fp32 accumulate); the two halves' states merge in shared memory,
-// in a fixed order, before the cluster merge.
+// wgmma path. Each warpgroup (warps 0-3, 4-7) consumes its own 64-key tiles
+// (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
+// V boxes by TMA (5-D tensor map of the cache, 128-byte swizzle), S = Q K^T
+// and O += P V run as wgmma m64n64k16 (Q, K, V from shared memory, P from
+// registers), and the next tile's S overlaps the current P V. Under PDL the
+// pages older than the step's 8 keys are copied before griddepcontrol.wait.
 //
-// Bank conflicts. A key row is 256 bytes, so the 8 rows an ldmatrix reads of
-// one page would fall on the same banks (8-way conflict). Instead one 8x8
-// matrix takes key t of each of the 8 pages of a group, and the 8 page slots
-// sit 4096 + 16 bytes apart: their rows start on 8 different 16-byte bank
-// groups. An mma's n (for S) or k (for P V) index is then the page within the
-// group; softmax does not care about key order, and the masks know each
-// column's key.
+// mma.sync path. Warp 0 also produces: it copies whole 4 KB (page, KV head)
+// slots with cp.async.bulk, one 8-page group per stage, 3 stages. Warps w and
+// w + 4 own rows w*16.. (two heads x 8 tokens) and take keys 0-7 and 8-15 of
+// every page with mma.sync m16n8k16. A key row is 256 bytes, so the 8 rows an
+// ldmatrix reads of one page would fall on the same banks: one 8x8 matrix
+// takes key t of each of the group's 8 pages instead, and the 8 page slots
+// sit 4096 + 16 bytes apart (8 different 16-byte bank groups); an mma's n
+// (for S) or k (for P V) index is then the page within the group.
+//
+// In both, the two halves' (warpgroups') states merge in shared memory in a
+// fixed order before the cluster merge.
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -62,11 +66,11 @@ constexpr int kKeySplit = MUSE_ATTN2_KEY_SPLIT;
 constexpr int kRowWarps = 4;                               // 16 rows each
 constexpr int kWarps = kRowWarps * kKeySplit;              // warp 0 also issues the copies
 constexpr int kThreads = kWarps * 32;
-constexpr int kKeyTiles = 16 / kKeySplit;                  // n-tiles of S per warp (keys of a page)
+[[maybe_unused]] constexpr int kKeyTiles = 16 / kKeySplit;                  // n-tiles of S per warp (keys of a page)
 constexpr int kMinBlocks = 2;                              // CTAs per SM
 static_assert(kKeySplit == 1 || kKeySplit == 2, "a page's 16 keys go to one or two warps");
 constexpr int kGroupPages = 8;                             // pages per stage: one per bank group
-constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
+[[maybe_unused]] constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
 constexpr int kStages = 3;
 constexpr int kKeyBytes = kCacheRowWidth * 2;              // 256: K | V of one key
 constexpr int kPageBytes = kPageSize * kKeyBytes;          // 4096: one (page, KV head) slot
@@ -108,7 +112,7 @@ constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, the
 #ifndef MUSE_ATTN2_SLICE_PAGES
 #define MUSE_ATTN2_SLICE_PAGES 16
 #endif
-constexpr int kSlicePages = MUSE_ATTN2_SLICE_PAGES;
+[[maybe_unused]] constexpr int kSlicePages = MUSE_ATTN2_SLICE_PAGES;
 constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
 constexpr int kTileKeys = kTilePages * kPageSize;
 constexpr int kWgStages = 3;                                // per warpgroup
@@ -156,6 +160,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
       : "memory");
 }
 
+#if !MUSE_ATTN2_WGMMA_PATH  // the mma.sync path
 // Global -> shared bulk copy completing on `bar` (bytes a multiple of 16).
 // The KV cache is read once per step: evict it first from the L2.
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint64_t* bar,
@@ -167,12 +172,15 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
       : "memory");
 }
 
+#endif
+
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 
+#if MUSE_ATTN2_WGMMA_PATH  // the wgmma path (sm_90a)
 // Global -> shared tensor copy of one box through the 5-D cache map,
 // completing on `bar`; evict-first in the L2 like the bulk copies.
 __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
@@ -217,27 +225,25 @@ __device__ __forceinline__ void pin_a(uint32_t (&a)[4][4]) {
 // d (64 x 64, fp32; n-tile n of this thread in d[n]) = (accumulate ? d : 0) +
 // A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major): S = Q K^T.
 __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
-#if MUSE_ATTN2_WGMMA_PATH
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n\t}"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(a), "l"(b), "r"(accumulate));
-#endif
 }
 
 // d += A (64 x 16, registers: the m16k16 fragment of this warp's rows) *
 // B (16 x 64, shared, MN-major): O += P V.
 __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
-#if MUSE_ATTN2_WGMMA_PATH
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n\t}"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-#endif
 }
+#endif
 
+#if !MUSE_ATTN2_WGMMA_PATH  // the mma.sync path
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -258,11 +264,75 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Scores of keys a row does not see (past its position, below its window)
+// become -inf; key(t, e) is the key of this thread's element e of n-tile t.
+// A select, so NaN keys past L vanish too.
+template <int N, typename KeyOf>
+__device__ __forceinline__ void mask_tile(float (&s)[N][4], KeyOf key, int pos, int window) {
+#pragma unroll
+  for (int t = 0; t < N; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = key(t, e);
+      const bool visible = j <= pos && (window == 0 || j > pos - window);
+      s[t][e] = visible ? s[t][e] : -INFINITY;
+    }
+}
+
+// O of rows r = 0 (c0, c1) and r = 1 (c2, c3) times the rows' alpha.
+__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
+
+// Online softmax of one S tile in place, on raw scores: p = exp2(s * c - m * c)
+// with c = scale * log2(e), one FFMA per score. This thread holds rows r = 0
+// (columns c0, c1 of each n-tile) and r = 1 (c2, c3); the 4 lanes of a row hold
+// disjoint columns. Updates the rows' running max and sum and returns in alpha
+// the factor their O must take.
+template <int N>
+__device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[2], float (&l_run)[2],
+                                               float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+  }
+  float neg_mc[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+    const float m_new = fmaxf(m_run[r], mx[r]);
+    const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
+    alpha[r] = fast_exp2((m_run[r] - mu) * kScaleLog2);
+    neg_mc[r] = -mu * kScaleLog2;
+    m_run[r] = m_new;
+    l_run[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
+    s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
+    s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
+    s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
+    l_run[0] += s[t][0] + s[t][1];
+    l_run[1] += s[t][2] + s[t][3];
+  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -398,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // groups me, me + ctas, ... (group g: pages first_page + 8g ..). Without a
   // window first_page is 0, so the producer reads its first group's page ids
   // before L arrives (both loads in flight together: one global latency saved).
-  const int me = split * kCluster + rank;
+  [[maybe_unused]] const int me = split * kCluster + rank;
   // Loads that do not depend on L go first, so that they overlap its latency:
   // the consumers' 16 Q rows, the gate of the rows this CTA finishes.
   constexpr int kMergeRows = kRows / kCluster;
@@ -587,56 +657,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
       wgmma_commit();
     };
-    // Online softmax of s_acc in place (rows r = 0: c0, c1; r = 1: c2, c3),
-    // on raw scores: p = exp2(s * c - m * c), c = scale * log2(e). Returns in
-    // alpha the factor the rows' O must take once the previous P V is done.
+    // The tile's masks (keys past a row's position or below its window), then
+    // online_softmax; alpha is applied to O once the previous P V is done.
     auto softmax = [&](int key0, bool masked, float (&alpha)[2]) {
-      if (masked) {
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = key0 + t * 8 + col + (e & 1);
-            const bool visible = j <= pos && (p.window == 0 || j > pos - p.window);
-            s_acc[t][e] = visible ? s_acc[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
-          }
-      }
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        mx[0] = fmaxf(mx[0], fmaxf(s_acc[t][0], s_acc[t][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s_acc[t][2], s_acc[t][3]));
-      }
-      float neg_mc[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-        alpha[r] = fast_exp2((m_run[r] - mu) * kScaleLog2);
-        neg_mc[r] = -mu * kScaleLog2;
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        s_acc[t][0] = fast_exp2(fmaf(s_acc[t][0], kScaleLog2, neg_mc[0]));
-        s_acc[t][1] = fast_exp2(fmaf(s_acc[t][1], kScaleLog2, neg_mc[0]));
-        s_acc[t][2] = fast_exp2(fmaf(s_acc[t][2], kScaleLog2, neg_mc[1]));
-        s_acc[t][3] = fast_exp2(fmaf(s_acc[t][3], kScaleLog2, neg_mc[1]));
-        l_run[0] += s_acc[t][0] + s_acc[t][1];
-        l_run[1] += s_acc[t][2] + s_acc[t][3];
-      }
+      if (masked) mask_tile(s_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
+      online_softmax(s_acc, m_run, l_run, alpha);
     };
     auto rescale_and_pack = [&](const float (&alpha)[2]) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
+      rescale(o, alpha);
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         pa[t / 2][(t % 2) * 2] = pack_bf16(s_acc[t][0], s_acc[t][1]);
@@ -798,50 +826,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           mma_bf16(s[2 * tp + 1], qf, b[2], b[3]);
         }
       }
-      if (masked) {
-#pragma unroll
-        for (int t = 0; t < kKeyTiles; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t;
-            const bool visible = j <= pos && (p.window == 0 || j > pos - p.window);
-            s[t][e] = visible ? s[t][e] : -INFINITY;  // a select: NaN keys past L vanish too
-          }
-      }
-      // Online softmax on raw scores, rows r = 0 (c0, c1) and r = 1 (c2, c3):
-      // p = exp2(s * c - m * c) with c = scale * log2(e), one FFMA per score.
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int t = 0; t < kKeyTiles; ++t) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
-      }
-      float neg_mc[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
-        const float m_new = fmaxf(m_run[r], mx[r]);
-        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
-        const float alpha = fast_exp2((m_run[r] - mu) * kScaleLog2);
-        neg_mc[r] = -mu * kScaleLog2;
-        m_run[r] = m_new;
-        l_run[r] *= alpha;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          o[n][2 * r] *= alpha;
-          o[n][2 * r + 1] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kKeyTiles; ++t) {
-        s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
-        s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
-        s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
-        s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
-        l_run[0] += s[t][0] + s[t][1];
-        l_run[1] += s[t][2] + s[t][3];
-      }
+      if (masked)
+        mask_tile(s, [&](int t, int e) { return key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t; }, pos,
+                  p.window);
+      float alpha[2];
+      online_softmax(s, m_run, l_run, alpha);
+      rescale(o, alpha);
       // O += P V: k-step kk covers keys 2kk (k 0..7 = slots) and 2kk + 1 (k 8..15).
 #pragma unroll
       for (int lk = 0; lk < kKeyTiles / 2; ++lk) {
@@ -1072,18 +1062,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 
 // ---------------------------------------------------------------------------
 // Host side: the cache's tensor map and the launches.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() { return detail::encode_tiled_fn(); }
 
 // The cache [pages, KVH, 16, 128] as 5-D (64 elements, K|V, key, KV head,
 // page), read in boxes of one page's K or V of one KV head (16 x 64, 2 KB),

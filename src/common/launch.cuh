@@ -1,4 +1,5 @@
-// One launch path for the ops' kernels (route, qkv_front, attn2): grid,
+// One launch path for the ops' kernels (route, qkv_front, attn2), and the
+// driver entry points they need (cuLaunchKernelEx, cuTensorMapEncodeTiled): grid,
 // block, dynamic shared memory, an optional cluster and programmatic
 // dependent launch (PDL).
 //
@@ -28,16 +29,25 @@ struct LaunchShape {
   bool pdl = false;
 };
 
+// A driver API function through the runtime's entry-point query (no link to
+// libcuda); nullptr where the driver lacks it.
+template <typename Fn>
+Fn driver_entry(const char* name, int version) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  if (cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<Fn>(f);
+}
+
 inline PFN_cuLaunchKernelEx_v11060 driver_launch_fn() {
-  static const PFN_cuLaunchKernelEx_v11060 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &f, 11060, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(f);
-  }();
+  static const auto fn = driver_entry<PFN_cuLaunchKernelEx_v11060>("cuLaunchKernelEx", 11060);
+  return fn;
+}
+
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  static const auto fn = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 

@@ -693,18 +693,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------------------
 // Host side: tensor maps and the launches.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() { return detail::encode_tiled_fn(); }
 
 // A bf16 [rows, 8192] tensor read in boxes of box_rows x 64 columns, 128-byte swizzle.
 bool encode_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stride, int box_rows) {
