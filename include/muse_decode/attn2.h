@@ -30,9 +30,10 @@ inline constexpr int kAttn2MaxSplits = 32;
 // Throws std::invalid_argument on a window < 1.
 int attn2_window(std::optional<int> sliding_window, int max_model_len);
 
-// Key slices (clusters of 8 CTAs) per (request, KV head): 1 for
-// max_model_len <= 2048 and for any window (a windowed row spans at most
-// W + 7 keys), else enough to fill the GPU, bounded (see attn2_host.cc).
+// Key slices per (request, KV head), each a cluster of 16 CTAs at 1-2 KV
+// heads, else 8: 1 for max_model_len <= 2048 and for any window (a windowed
+// row spans at most W + 7 keys), else enough to fill the GPU in one wave,
+// bounded (see attn2_host.cc).
 int attn2_splits(int max_model_len, int window, int num_kv_heads);
 
 // Bytes of the split kernel's workspace (counters and per-slice partials); 0
@@ -106,7 +107,7 @@ struct Attn2Params {
   int max_model_len = 0;              // L > max_model_len is a contract break (NaN rows)
   int window = 0;                     // 0: none; else keys p - window + 1 .. p
   int num_splits = 1;                 // clusters per (request, KV head), 1..32
-  int cluster_size = 8;               // CTAs per cluster: 8, or 16 when num_splits == 1
+  int cluster_size = 8;               // CTAs per cluster: 16 for one slice or 1-2 KV heads (8 where the GPU cannot place 16), else 8
   bool pdl = false;                   // programmatic dependent launch
 };
 
