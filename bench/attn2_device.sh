@@ -18,7 +18,7 @@ mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VARIANTS=${VARIANTS:-wg}
-vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; probe) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_PROBE";; lateprobe) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_PROBE -DMUSE_ATTN2_LATE_TRIGGER";; late) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_LATE_TRIGGER";; wg32) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=32";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
+vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; probe) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_PROBE";; wg32) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=32";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
 FIRST=${VARIANTS%% *}
 CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
 NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"

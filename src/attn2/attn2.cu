@@ -464,11 +464,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   wait_for_producer();
 #endif
 
-  // Groups go round-robin over the CTAs of the active slices: CTA `me` takes
-  // groups me, me + ctas, ... (group g: pages first_page + 8g ..). Without a
-  // window first_page is 0, so the producer reads its first group's page ids
-  // before L arrives (both loads in flight together: one global latency saved).
-  [[maybe_unused]] const int me = split * kCluster + rank;
+  // Work goes round-robin over the CTAs of the active slices (mma.sync: CTA
+  // `me` takes 8-page groups me, me + ctas, ...; wgmma: warpgroup 2 me + kh
+  // takes 4-page tiles). Without a window the first pages are known before
+  // L arrives, so their ids load together with it (one global latency saved).
+  [[maybe_unused]] const int me = split * kCluster + rank;  // (the wgmma path counts warpgroups instead)
   // Loads that do not depend on L go first, so that they overlap its latency:
   // the consumers' 16 Q rows, the gate of the rows this CTA finishes.
   constexpr int kMergeRows = kRows / kCluster;
@@ -891,9 +891,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();  // every stage consumed, s_bad set, the second half's state written
   PROBE(6);
-#ifndef MUSE_ATTN2_LATE_TRIGGER
   allow_dependents();
-#endif
   if (kKeySplit == 2 && kh == 0) {
     // Both halves' states, merged in a fixed order (first half, then second).
     // The second half's warps only join the cluster barriers from here on:
@@ -973,9 +971,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       acc[3] += w * ok[k].w;
     }
   }
-#ifdef MUSE_ATTN2_LATE_TRIGGER
-  allow_dependents();
-#endif
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
   if (active == 1) {
