@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # attn2 on the GPU machine, in one call: builds its GPU tests and the C++
 # benchmark for sm_90a from attn2's own sources (one benchmark binary per
-# kernel variant in VARIANTS: wg = wgmma, mma = mma.sync, wg8 = wgmma with
-# slices of 8 pages per CTA; the tests use the first), runs the
+# kernel variant in VARIANTS, e.g. "wg e1,sp32 trace": see vflags; the tests use the first), runs the
 # tests, Nsight Compute on NCU_SHAPES, the C++ benchmarks, then (PY=1) the
 # Python package's tests and bench/bench_attn2.py with its anchors (stock
 # PyTorch and FlashInfer, JIT-built here from the wheels in .whl, or taken
@@ -18,8 +17,26 @@ mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VARIANTS=${VARIANTS:-wg}
-vflags() { case $1 in wg) echo -DMUSE_ATTN2_WGMMA=1;; mma) echo -DMUSE_ATTN2_WGMMA=0;; wg8) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=8";; wg4) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=4";; probe) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_PROBE";; wg32) echo "-DMUSE_ATTN2_WGMMA=1 -DMUSE_ATTN2_SLICE_PAGES=32";; *) echo "-DMUSE_ATTN2_KEY_SPLIT=$1";; esac; }
+vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait), sp<N> (slice pages), ks<N> (key split)
+  local f="-DMUSE_ATTN2_WGMMA=1" t
+  for t in ${1//,/ }; do
+    case $t in
+      wg) ;;
+      mma) f="${f/-DMUSE_ATTN2_WGMMA=1/-DMUSE_ATTN2_WGMMA=0}";;
+      probe) f="$f -DMUSE_ATTN2_PROBE";;
+      trace) f="$f -DMUSE_ATTN2_PROBE -DMUSE_ATTN2_TRACE";;
+      e[0-9]*) f="$f -DMUSE_ATTN2_EARLY_TILES=${t#e}";;
+      sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
+      ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
+      st0) f="$f -DMUSE_ATTN2_STAGGER=0";;
+      ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
+      *) echo "unknown variant token $t" >&2; exit 2;;
+    esac
+  done
+  echo "$f"
+}
 FIRST=${VARIANTS%% *}
+FIRST=${FIRST//,/_}
 CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
 NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
 t0=$(date +%s)
@@ -44,7 +61,7 @@ fi
 
 for v in $VARIANTS; do
   nvcc $NVF $(vflags $v) -Xptxas -v,--warn-on-spills,--warn-on-local-memory-usage -c src/attn2/attn2.cu \
-    -o "$B/attn2_$v.o" > "$B/ptxas_$v.log" 2>&1 &
+    -o "$B/attn2_${v//,/_}.o" > "$B/ptxas_${v//,/_}.log" 2>&1 &
 done
 nvcc $NVF -c bench/bench_attn2.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
 for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_attn2_gpu.cc; do
@@ -56,7 +73,7 @@ L=$G/lib/x86_64-linux-gnu
 nvcc -o "$B/attn2_gpu_tests" "$B/attn2_$FIRST.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/bf16.o" "$B/tensor.o" "$B/arch.o" \
   "$B/test_attn2_gpu.o" "$L/libgtest_main.a" "$L/libgtest.a" -lpthread || exit 2
 for v in $VARIANTS; do
-  nvcc -o "$B/bench_attn2_$v" "$B/bench.o" "$B/attn2_$v.o" "$B/attn2_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
+  nvcc -o "$B/bench_attn2_${v//,/_}" "$B/bench.o" "$B/attn2_${v//,/_}.o" "$B/attn2_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
 done
 stamp built
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
@@ -75,7 +92,7 @@ done
 cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
 for v in $VARIANTS; do
   stamp "bench variant $v"
-  timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_$v" --json "$OUT/bench_attn2_v$v.jsonl" ${BENCH_ARGS:-} 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
+  timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_${v//,/_}" --json "$OUT/bench_attn2_v${v//,/_}.jsonl" ${BENCH_ARGS:-} 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
 done
 # An extra run of the first variant with other arguments (an experiment): BENCH_EXTRA="--only 7,8 --splits 1"
 if [ -n "${BENCH_EXTRA:-}" ]; then

@@ -66,6 +66,7 @@ int g_cluster_override = 0;  // --cluster N
 }  // namespace
 // Phase stamps of the last calls, when attn2.cu is built with -DMUSE_ATTN2_PROBE.
 extern "C" void muse_attn2_print_probe() __attribute__((weak));
+extern "C" void muse_attn2_dump_trace(const char* path) __attribute__((weak));
 namespace {
 
 double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
@@ -238,6 +239,11 @@ int main(int argc, char** argv) {
     if (muse_attn2_print_probe) {
       std::printf("# %s L %d (the PDL graph's last calls)\n", s.name, s.len);
       muse_attn2_print_probe();
+    }
+    if (muse_attn2_dump_trace && std::getenv("MUSE_ATTN2_TRACE_DIR")) {
+      const std::string path = std::string(std::getenv("MUSE_ATTN2_TRACE_DIR")) + "/trace_" + s.name + "_" +
+                               std::to_string(s.len) + ".bin";
+      muse_attn2_dump_trace(path.c_str());
     }
     char line[1024];
     std::snprintf(line, sizeof line,

@@ -116,6 +116,18 @@ constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, the
 constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
 constexpr int kTileKeys = kTilePages * kPageSize;
 constexpr int kWgStages = 3;                                // per warpgroup
+#ifndef MUSE_ATTN2_EARLY_TILES
+#define MUSE_ATTN2_EARLY_TILES 3
+#endif
+constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;           // tiles copied before griddepcontrol.wait
+// The cluster merge reads rank (r + k) % C at step k in CTA r, so that the 16
+// CTAs do not all read rank 0's shared memory first, then rank 1's, ...
+#ifndef MUSE_ATTN2_STAGGER
+#define MUSE_ATTN2_STAGGER 1
+#endif
+#ifndef MUSE_ATTN2_RELAXED_ARRIVE
+#define MUSE_ATTN2_RELAXED_ARRIVE 1
+#endif
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
@@ -359,8 +371,16 @@ __device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
                : "memory");
   return v;
 }
+// Arrival on the cluster barrier after the last read of the other CTAs'
+// shared memory: those loads have returned their values, and nothing this
+// CTA wrote needs to be seen by the others, so no release (which would wait
+// for this CTA's outstanding global stores as well).
 __device__ __forceinline__ void cluster_arrive() {
+#if MUSE_ATTN2_RELAXED_ARRIVE
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
@@ -393,6 +413,30 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 // Diagnostics (-DMUSE_ATTN2_PROBE, experiments only): CTA (0, 0, 0), thread 0
 // stamps %globaltimer at its phases into a ring of 16 calls; the process
 // prints the last calls' phases at exit.
+// -DMUSE_ATTN2_TRACE (with the probe): thread 0 of every CTA appends a record
+// to a ring (phase stamps, exit, SM, CTA, block table, sequence number).
+#ifdef MUSE_ATTN2_TRACE
+constexpr int kTraceRing = 16384;
+__device__ unsigned long long g_ring[kTraceRing][24];
+__device__ unsigned int g_ring_n;
+#define TRACE(i)                                                                                   \
+  if (threadIdx.x == 0) {                                                                          \
+    if ((i) == 0) {                                                                                \
+      const unsigned seq_ = atomicAdd(&g_ring_n, 1u);                                              \
+      trace_slot = seq_ % kTraceRing;                                                              \
+      for (int k_ = 1; k_ < 24; ++k_) g_ring[trace_slot][k_] = 0;                                  \
+      unsigned smid_;                                                                              \
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid_));                                          \
+      g_ring[trace_slot][10] = smid_;                                                              \
+      g_ring[trace_slot][12] = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;     \
+      g_ring[trace_slot][13] = reinterpret_cast<uintptr_t>(p.block_table);                         \
+      g_ring[trace_slot][14] = seq_;                                                               \
+    }                                                                                              \
+    g_ring[trace_slot][i] = global_ns();                                                           \
+  }
+#else
+#define TRACE(i)
+#endif
 #ifdef MUSE_ATTN2_PROBE
 __device__ unsigned long long g_probe[16][12];
 __device__ unsigned int g_probe_calls;
@@ -405,7 +449,8 @@ __device__ __forceinline__ unsigned long long global_ns() {
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {                 \
     if ((i) == 0) probe_slot = atomicAdd(&g_probe_calls, 1u) % 16;                                   \
     g_probe[probe_slot][i] = global_ns();                                                          \
-  }
+  }                                                                                                \
+  TRACE(i)
 #else
 #define PROBE(i)
 #endif
@@ -427,6 +472,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   cg::cluster_group cluster = cg::this_cluster();
 #ifdef MUSE_ATTN2_PROBE
   unsigned int probe_slot = 0;
+#endif
+#ifdef MUSE_ATTN2_TRACE
+  unsigned int trace_slot = 0;
 #endif
   PROBE(0);
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
@@ -536,7 +584,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
   active = max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
-  if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
+  if (split >= active) {  // the whole cluster leaves: it shares nothing with the others
+    TRACE(11);
+    return;
+  }
   const int wgs = 2 * active * kCluster;
   const int my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
@@ -591,7 +642,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     if (p.window != 0 && lane < kTilePages && my_tiles > 0 && first_page + vme * kTilePages + lane <= last_page)
       ids0 = bt[first_page + vme * kTilePages + lane];
     ids_next = load_batch(1);
-    while (issued < ring && first_page + (vme + issued * wgs + 1) * kTilePages - 1 < first_new_page) issue(issued++);
+    while (issued < min(ring, kEarlyTiles) && first_page + (vme + issued * wgs + 1) * kTilePages - 1 < first_new_page)
+      issue(issued++);
   }
   wait_for_producer();
   PROBE(3);
@@ -934,6 +986,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
     }
   }
+  TRACE(19);
   cluster.sync();
   PROBE(7);
 
@@ -949,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float4 ok[kCluster];
     const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, k));
+    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, MUSE_ATTN2_STAGGER ? (rank + k) % kCluster : k));
     float mj = -INFINITY, lj = 0.0f;
     if (j < kCluster) {
       mj = ld_cluster_f32(map_rank(smem_addr(&s_m[row]), j));
@@ -962,7 +1015,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const float wlj = wj * lj;
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
+      const int src = (threadIdx.x & 16) + (MUSE_ATTN2_STAGGER ? (rank + k) % kCluster : k);  // lane of CTA ok[k]
       const float w = __shfl_sync(0xFFFFFFFFu, wj, src);
       l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
       acc[0] += w * ok[k].x;
@@ -971,6 +1024,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       acc[3] += w * ok[k].w;
     }
   }
+  TRACE(15);
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
   if (active == 1) {
@@ -983,6 +1037,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       PROBE(9);
     }
     cluster_wait();  // no CTA leaves while others read its shared memory
+    TRACE(11);
     return;
   }
 
@@ -994,12 +1049,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
                                             detail::attn2_counter_bytes(static_cast<int64_t>(p.num_reqs) * p.num_kv_heads));
   float* ws_o = reinterpret_cast<float*>(ws_ml + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * kRows);
   const int64_t slice0 = static_cast<int64_t>(pair) * p.num_splits * kRows;  // (pair, slice 0, row 0)
+  cluster_arrive();  // done with the other CTAs' shared memory
   if (merger) {
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
     if (d == 0) __stcg(&ws_ml[at], make_float2(m_all, l_all));
     __stcg(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
   }
-  cluster_arrive();  // done with the other CTAs' shared memory
+  TRACE(16);
   // Arrival: the CTA barrier orders this CTA's partial rows before thread 0's
   // acquire-release add at GPU scope; the same chain (add, then the barrier)
   // orders the other slices' rows before the last one's loads. No full fences,
@@ -1010,11 +1066,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
     s_last = before == active - 1;
     if (s_last) *counter = 0;  // ready for the next launch (which reads it after its griddepcontrol.wait)
+    TRACE(17);
   }
   __syncthreads();
   PROBE(8);
   if (!s_last || !merger) {
     cluster_wait();  // no CTA leaves while others read its shared memory
+    TRACE(11);
     return;
   }
   // Merge every slice of this row in slice order (the order, hence the bits,
@@ -1048,11 +1106,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
     }
   }
+  TRACE(18);
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
   finish_row(ov, s_gate[threadIdx.x], out_ptr);
   PROBE(9);
   cluster_wait();
+  TRACE(11);
 }
 
 // ---------------------------------------------------------------------------
@@ -1157,6 +1217,22 @@ extern "C" void muse_attn2_print_probe() {
     for (int i = 1; i < 10; ++i) std::printf(" %6lld", static_cast<long long>(r[i] - r[0]));
     std::printf("\n");
   }
+}
+#endif
+
+#ifdef MUSE_ATTN2_TRACE
+// Writes the ring, oldest record first, as raw 24 x u64 records.
+extern "C" void muse_attn2_dump_trace(const char* path) {
+  static unsigned long long h[kTraceRing][24];
+  unsigned int n = 0;
+  if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, g_ring, sizeof(h)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(&n, g_ring_n, sizeof(n)) != cudaSuccess)
+    return;
+  FILE* f = std::fopen(path, "wb");
+  if (!f) return;
+  const unsigned int count = n < kTraceRing ? n : kTraceRing;
+  for (unsigned int k = n - count; k < n; ++k) std::fwrite(h[k % kTraceRing], sizeof(h[0]), 1, f);
+  std::fclose(f);
 }
 #endif
 
