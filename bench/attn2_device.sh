@@ -17,7 +17,8 @@ mkdir -p "$B" "$OUT"
 G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VARIANTS=${VARIANTS:-wg}
-vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait), sp<N> (slice pages), ks<N> (key split)
+vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
+            # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -28,7 +29,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       e[0-9]*) f="$f -DMUSE_ATTN2_EARLY_TILES=${t#e}";;
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
-      st0) f="$f -DMUSE_ATTN2_STAGGER=0";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
@@ -92,16 +92,17 @@ done
 cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
 for v in $VARIANTS; do
   stamp "bench variant $v"
+  if [ -n "${TRACE_ROOT:-}" ]; then export MUSE_ATTN2_TRACE_DIR=$TRACE_ROOT/${v//,/_}; mkdir -p "$MUSE_ATTN2_TRACE_DIR"; fi
   timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_${v//,/_}" --json "$OUT/bench_attn2_v${v//,/_}.jsonl" ${BENCH_ARGS:-} 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
 done
-# An extra run of the first variant with other arguments (an experiment): BENCH_EXTRA="--only 7,8 --splits 1"
+# Extra runs of the first variant with other arguments (experiments), ';'-separated:
+# BENCH_EXTRA="--only 7,8 --splits 1; --only 3 --cluster 8 --splits 14"
 if [ -n "${BENCH_EXTRA:-}" ]; then
-  stamp "bench extra: $BENCH_EXTRA"
-  timeout 120 "$B/bench_attn2_$FIRST" --json "$OUT/bench_attn2_extra.jsonl" $BENCH_EXTRA 2>&1 | tail -6
-fi
-if [ -n "${BENCH_EXTRA2:-}" ]; then
-  stamp "bench extra 2: $BENCH_EXTRA2"
-  timeout 120 "$B/bench_attn2_$FIRST" --json "$OUT/bench_attn2_extra2.jsonl" $BENCH_EXTRA2 2>&1 | tail -6
+  IFS=';' read -ra extras <<< "$BENCH_EXTRA"
+  for x in "${extras[@]}"; do
+    stamp "bench extra: $x"
+    timeout 120 "$B/bench_attn2_$FIRST" $x 2>&1 | grep -v "^{" | tail -${EXTRA_TAIL:-6}
+  done
 fi
 if [ "${PY:-0}" = 1 ]; then
   wait $py_pid; tail -3 "$B/py_build.log"

@@ -82,7 +82,7 @@ struct Attn2Args {
 // With pdl the kernel may start while the kernel before it still runs. Before
 // its griddepcontrol.wait it reads only seq_lens, block_table and the cached
 // keys older than each request's 8 new ones (positions < L - 8), and copies
-// those pages; q, gate, the 8 new keys (qkv_front's insert) and everything
+// some of those pages; q, gate, the 8 new keys (qkv_front's insert) and everything
 // written come after the wait. So the kernel before attn2 must not write
 // seq_lens, block_table or older keys, nor, if it lets its dependents start
 // before its own wait (qkv_front does, at its start), may the kernel before

@@ -20,8 +20,9 @@
 // (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
 // V boxes by TMA (5-D tensor map of the cache, 128-byte swizzle), S = Q K^T
 // and O += P V run as wgmma m64n64k16 (Q, K, V from shared memory, P from
-// registers), and the next tile's S overlaps the current P V. Under PDL the
-// pages older than the step's 8 keys are copied before griddepcontrol.wait.
+// registers), and the next tile's S overlaps the current P V. Under PDL each
+// warpgroup's first tile is copied before griddepcontrol.wait when all of its
+// keys are older than the step's 8.
 //
 // mma.sync path. Warp 0 also produces: it copies whole 4 KB (page, KV head)
 // slots with cp.async.bulk, one 8-page group per stage, 3 stages. Warps w and
@@ -110,21 +111,22 @@ constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, the
 // Pages per CTA and slice before another slice joins (the split path's
 // active slices grow with L in steps of kSlicePages * cluster pages).
 #ifndef MUSE_ATTN2_SLICE_PAGES
-#define MUSE_ATTN2_SLICE_PAGES 16
+#define MUSE_ATTN2_SLICE_PAGES 8
 #endif
 [[maybe_unused]] constexpr int kSlicePages = MUSE_ATTN2_SLICE_PAGES;
 constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
 constexpr int kTileKeys = kTilePages * kPageSize;
 constexpr int kWgStages = 3;                                // per warpgroup
+// Tiles per warpgroup copied before griddepcontrol.wait (of its 3 stages).
+// One: the copies of all 3 stages (21 MB at TP8 128k) fill the memory system
+// while the kernel before still merges, and its tail's round trips wait
+// behind them (TP8 128k 27.1 -> 25.9 us, 32k 12.2 -> 11.7 with one).
 #ifndef MUSE_ATTN2_EARLY_TILES
-#define MUSE_ATTN2_EARLY_TILES 3
+#define MUSE_ATTN2_EARLY_TILES 1
 #endif
-constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;           // tiles copied before griddepcontrol.wait
-// The cluster merge reads rank (r + k) % C at step k in CTA r, so that the 16
-// CTAs do not all read rank 0's shared memory first, then rank 1's, ...
-#ifndef MUSE_ATTN2_STAGGER
-#define MUSE_ATTN2_STAGGER 1
-#endif
+[[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
+// The cluster barrier's arrival after the cluster merge without release
+// semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
 #ifndef MUSE_ATTN2_RELAXED_ARRIVE
 #define MUSE_ATTN2_RELAXED_ARRIVE 1
 #endif
@@ -631,8 +633,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   };
   // PDL: up to here the kernel has read only the lengths and the block
-  // table, and below it copies the pages of keys older than this step's 8
-  // (positions < L - 8), before griddepcontrol.wait. The kernel before attn2
+  // table, and below it copies kEarlyTiles tiles of pages of keys older than
+  // this step's 8 (positions < L - 8), before griddepcontrol.wait. The kernel before attn2
   // (qkv_front) writes q, gate and those 8 keys, and lets attn2 start only
   // once it is past its own wait, so nothing read early can still be written.
   const int first_new_page = (L - kVerifyLen) / kPageSize;  // pages from here on hold this step's keys
@@ -1002,7 +1004,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float4 ok[kCluster];
     const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, MUSE_ATTN2_STAGGER ? (rank + k) % kCluster : k));
+    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, k));
     float mj = -INFINITY, lj = 0.0f;
     if (j < kCluster) {
       mj = ld_cluster_f32(map_rank(smem_addr(&s_m[row]), j));
@@ -1015,7 +1017,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const float wlj = wj * lj;
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const int src = (threadIdx.x & 16) + (MUSE_ATTN2_STAGGER ? (rank + k) % kCluster : k);  // lane of CTA ok[k]
+      const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
       const float w = __shfl_sync(0xFFFFFFFFu, wj, src);
       l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
       acc[0] += w * ok[k].x;
