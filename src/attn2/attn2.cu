@@ -46,6 +46,7 @@
 #include <cstdint>
 
 #include "../common/launch.cuh"
+#include "../common/tensor_map_cache.h"
 #include "attn2_kernels.h"
 #include "muse_decode/attn2.h"
 
@@ -1127,37 +1128,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() { return detail::encode_tiled_f
 // layer's cache hits a small per-thread table after its first call (encoding
 // costs host time, and SPEC section 7 gives an op 5 us in all).
 bool kv_map(CUtensorMap* map, const Attn2Params& p) {
-  struct Entry {
-    const void* data = nullptr;
-    int pages = 0, kvh = 0;
-    CUtensorMap map;
-  };
-  constexpr int kBits = 6;
-  thread_local Entry table[1 << kBits];
-  const uint64_t h = ((reinterpret_cast<uintptr_t>(p.kv_cache) >> 8) ^ static_cast<uint64_t>(p.num_pages) << 16 ^
-                      static_cast<uint64_t>(p.num_kv_heads)) * 0x9E3779B97F4A7C15ull;
-  Entry& e = table[h >> (64 - kBits)];
-  if (e.data == p.kv_cache && e.pages == p.num_pages && e.kvh == p.num_kv_heads) {
-    *map = e.map;
-    return true;
-  }
-  const auto encode = encode_tiled();
-  if (!encode) return false;
-  const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
-                              static_cast<cuuint64_t>(p.num_pages)};
-  const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
-                                 static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
-  const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
-  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(p.kv_cache), dims, strides, box,
-             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return false;
-  e.data = p.kv_cache;
-  e.pages = p.num_pages;
-  e.kvh = p.num_kv_heads;
-  e.map = *map;
-  return true;
+  const detail::TensorMapKey key{p.kv_cache, {p.num_pages, p.num_kv_heads}};
+  return detail::cached_tensor_map<6>(map, key, [&](CUtensorMap* m) {
+    const auto encode = encode_tiled();
+    if (!encode) return false;
+    const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
+                                static_cast<cuuint64_t>(p.num_pages)};
+    const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
+                                   static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
+    const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
+    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+    return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(p.kv_cache), dims, strides, box,
+                  elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  });
 }
 
 template <int kCluster>

@@ -16,6 +16,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #ifndef MUSE_DECODE_RUNTIME_LAUNCH
 #define MUSE_DECODE_RUNTIME_LAUNCH 0
 #endif
@@ -65,44 +67,19 @@ cudaKernel_t kernel_handle() {
   return k;
 }
 
-// Launches Kernel(args...) on `stream`; returns the CUDA error as int.
-template <auto Kernel, typename... Args>
-int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
-#if !MUSE_DECODE_RUNTIME_LAUNCH
-  const auto launch = driver_launch_fn();
-  const cudaKernel_t k = kernel_handle<Kernel>();
-  if (launch && k) {
-    CUlaunchAttribute attr[2];
-    unsigned n = 0;
-    if (s.cluster > 0) {
-      attr[n].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attr[n].value.clusterDim.x = static_cast<unsigned>(s.cluster);
-      attr[n].value.clusterDim.y = 1;
-      attr[n].value.clusterDim.z = 1;
-      ++n;
-    }
-    if (s.pdl) {
-      attr[n].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attr[n].value.programmaticStreamSerializationAllowed = 1;
-      ++n;
-    }
-    CUlaunchConfig config = {};
-    config.gridDimX = s.grid.x;
-    config.gridDimY = s.grid.y;
-    config.gridDimZ = s.grid.z;
-    config.blockDimX = s.block.x;
-    config.blockDimY = s.block.y;
-    config.blockDimZ = s.block.z;
-    config.sharedMemBytes = s.smem_bytes;
-    config.hStream = reinterpret_cast<CUstream>(stream);
-    config.attrs = attr;
-    config.numAttrs = n;
-    void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
-    // A CUkernel stands for its function in the current context (CUDA 12).
-    return static_cast<int>(launch(&config, reinterpret_cast<CUfunction>(k), params, nullptr));
-  }
-#endif
-  cudaLaunchAttribute attr[2];
+// The runtime's launch attributes are the driver's under other names (same
+// layout, same ids), so one array serves both calls.
+static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute) &&
+                  offsetof(cudaLaunchAttribute, val) == offsetof(CUlaunchAttribute, value),
+              "runtime and driver launch attributes share a layout");
+static_assert(static_cast<int>(cudaLaunchAttributeClusterDimension) ==
+                      static_cast<int>(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) &&
+                  static_cast<int>(cudaLaunchAttributeProgrammaticStreamSerialization) ==
+                      static_cast<int>(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION),
+              "runtime and driver launch attributes share their ids");
+
+// The cluster and PDL attributes of `s` into attr[0..2); returns how many.
+inline unsigned launch_attributes(const LaunchShape& s, cudaLaunchAttribute (&attr)[2]) {
   unsigned n = 0;
   if (s.cluster > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
@@ -116,6 +93,34 @@ int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
+  return n;
+}
+
+// Launches Kernel(args...) on `stream`; returns the CUDA error as int.
+template <auto Kernel, typename... Args>
+int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attr[2];
+  const unsigned n = launch_attributes(s, attr);
+#if !MUSE_DECODE_RUNTIME_LAUNCH
+  const auto launch = driver_launch_fn();
+  const cudaKernel_t k = kernel_handle<Kernel>();
+  if (launch && k) {
+    CUlaunchConfig config = {};
+    config.gridDimX = s.grid.x;
+    config.gridDimY = s.grid.y;
+    config.gridDimZ = s.grid.z;
+    config.blockDimX = s.block.x;
+    config.blockDimY = s.block.y;
+    config.blockDimZ = s.block.z;
+    config.sharedMemBytes = s.smem_bytes;
+    config.hStream = reinterpret_cast<CUstream>(stream);
+    config.attrs = reinterpret_cast<CUlaunchAttribute*>(attr);
+    config.numAttrs = n;
+    void* params[] = {const_cast<void*>(static_cast<const void*>(&args))...};
+    // A CUkernel stands for its function in the current context (CUDA 12).
+    return static_cast<int>(launch(&config, reinterpret_cast<CUfunction>(k), params, nullptr));
+  }
+#endif
   cudaLaunchConfig_t config = {};
   config.gridDim = s.grid;
   config.blockDim = s.block;

@@ -41,6 +41,7 @@
 #include <cstdint>
 
 #include "../common/launch.cuh"
+#include "../common/tensor_map_cache.h"
 #include "muse_decode/qkv_front.h"
 #include "qkv_front_tuning.h"
 
@@ -709,39 +710,11 @@ bool encode_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_st
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Encoding a tensor map costs host time on every call (about a microsecond
-// for the two maps of a launch; SPEC section 7 gives an op 5 us in all). A
-// map depends only on (address, rows, row stride, box), so maps are kept in
-// a small direct-mapped table per host thread: a layer's weight, and x when
-// the caching allocator hands back the same activation buffer, hit it.
-struct MapKey {
-  const void* data = nullptr;
-  int64_t rows = 0, row_stride = 0;
-  int box_rows = 0;
-  bool operator==(const MapKey& o) const {
-    return data == o.data && rows == o.rows && row_stride == o.row_stride && box_rows == o.box_rows;
-  }
-};
-struct MapEntry {
-  MapKey key;
-  CUtensorMap map;
-};
-constexpr int kMapCacheBits = 8;
-
+// The two maps of a launch come from this thread's table (tensor_map_cache.h):
+// a layer's weight always hits it, x when the allocator hands back its buffer.
 bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stride, int box_rows) {
-  thread_local MapEntry cache[1 << kMapCacheBits];
-  const MapKey key{data, rows, row_stride, box_rows};
-  const uint64_t h = ((reinterpret_cast<uintptr_t>(data) >> 8) ^ (static_cast<uint64_t>(rows) << 20) ^
-                      static_cast<uint64_t>(box_rows)) * 0x9E3779B97F4A7C15ull;
-  MapEntry& e = cache[h >> (64 - kMapCacheBits)];
-  if (e.key == key) {
-    *map = e.map;
-    return true;
-  }
-  if (!encode_map(map, data, rows, row_stride, box_rows)) return false;
-  e.key = key;
-  e.map = *map;
-  return true;
+  return detail::cached_tensor_map<8>(map, detail::TensorMapKey{data, {rows, row_stride, box_rows}},
+                                      [&](CUtensorMap* m) { return encode_map(m, data, rows, row_stride, box_rows); });
 }
 
 // The dynamic shared-memory limit is raised once per device and kernel.
