@@ -290,6 +290,24 @@ __device__ __forceinline__ void stage_epilogue_inputs(const QkvFrontParams& p, f
   if (lane == 0) mbar_arrive(staged_bar);
 }
 
+// The producer's steady state, shared by both kernels: blocks S .. n - 1 of
+// the CTA's ring of S stages, each into the stage its consumers released
+// last (stage i % S, once its empty barrier completes phase i / S - 1).
+template <int S, typename IssueW, typename IssueX>
+__device__ __forceinline__ void refill_ring(const uint64_t* empty, int n, IssueW&& issue_w, IssueX&& issue_x) {
+  int s = 0;
+  uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
+  for (int i = S; i < n; ++i) {
+    mbar_wait(smem_addr(&empty[s]), phase);
+    issue_w(i, s);
+    issue_x(i, s);
+    if (++s == S) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
 // One block of 64 weight rows x 64 columns against x: the warp's 16 rows
 // (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B).
 template <int NT>
@@ -449,17 +467,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       issue_w(i, i);
       issue_x(i, i);
     }
-    int s = 0;
-    uint32_t phase = 0;  // parity of the empty-barrier phase to wait for
-    for (int i = kStages; i < n; ++i) {
-      mbar_wait(smem_addr(&empty[s]), phase);
-      issue_w(i, s);
-      issue_x(i, s);
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1u;
-      }
-    }
+    refill_ring<kStages>(empty, n, issue_w, issue_x);
     return;
   }
 
@@ -627,17 +635,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     // previous grid is done, before the consumers have x.
     for (int i = pre; i < ring; ++i) issue_w(i, i);
     for (int i = 0; i < ring; ++i) issue_x(i, i);
-    int s = 0;
-    uint32_t phase = 0;
-    for (int i = S; i < n; ++i) {
-      mbar_wait(smem_addr(&empty[s]), phase);
-      issue_w(i, s);
-      issue_x(i, s);
-      if (++s == S) {
-        s = 0;
-        phase ^= 1u;
-      }
-    }
+    refill_ring<S>(empty, n, issue_w, issue_x);
     return;
   }
 
