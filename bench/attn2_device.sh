@@ -18,7 +18,8 @@ G=$R/.deps/gtest/usr
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
-            # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release)
+            # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
+            # tk0 (split merge through the acq_rel counter, not the ticket)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -30,6 +31,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
+      tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done
@@ -90,10 +92,12 @@ for i in ${NCU_SHAPES:-}; do
   grep -E "attn2_kernel|Duration|Achieved Occupancy|Block Limit Reg|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|No Eligible|Issued Warp|Eligible Warps|Executed Ipc|Pipe|L1/TEX Hit|Mem Busy|Max Bandwidth|Stall" "$B/ncu_$i.txt" | head -30
 done
 cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
+for rep in $(seq ${REPEAT:-1}); do  # REPEAT=2: every variant again, interleaved (noise)
 for v in $VARIANTS; do
   stamp "bench variant $v"
   if [ -n "${TRACE_ROOT:-}" ]; then export MUSE_ATTN2_TRACE_DIR=$TRACE_ROOT/${v//,/_}; mkdir -p "$MUSE_ATTN2_TRACE_DIR"; fi
   timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_${v//,/_}" --json "$OUT/bench_attn2_v${v//,/_}.jsonl" ${BENCH_ARGS:-} 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
+done
 done
 # Extra runs of the first variant with other arguments (experiments), ';'-separated:
 # BENCH_EXTRA="--only 7,8 --splits 1; --only 3 --cluster 8 --splits 14"

@@ -38,7 +38,7 @@ int attn2_splits(int max_model_len, int window, int num_kv_heads);
 
 // Bytes of the split kernel's workspace (counters and per-slice partials); 0
 // when num_splits is 1. The caller zeroes it once when allocating it; every
-// launch leaves it ready (counters back at 0) for the next one.
+// launch leaves it ready (all of it back at 0) for the next one.
 int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
 
 // One-time setup for CUDA device `device` (-1: the current one): kernel

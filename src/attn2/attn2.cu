@@ -11,10 +11,10 @@
 // (m, l, unnormalised O) of all 64 rows; the cluster merges its C states
 // through distributed shared memory, CTA rank r merging rows [r*64/C, ...).
 // One slice: that CTA applies norm and gate and writes out. Several slices:
-// it writes its rows' partial to the workspace and counts its arrival on the
-// (pair, rank) counter; the slice that arrives last merges every slice's
+// it writes its rows' partial to the workspace and takes a ticket on the
+// (pair, rank) counter; the slice with the last ticket merges every slice's
 // partial of those rows in slice order (the same bits whatever the arrival
-// order), writes out and resets the counter for the next launch.
+// order), writes out and leaves counter and partials at 0 for the next launch.
 //
 // wgmma path. Each warpgroup (warps 0-3, 4-7) consumes its own 64-key tiles
 // (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
@@ -130,6 +130,13 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
 #ifndef MUSE_ATTN2_RELAXED_ARRIVE
 #define MUSE_ATTN2_RELAXED_ARRIVE 1
+#endif
+// Split merge: a relaxed ticket picks the merging slice, the partials' words
+// carry their own "written" mark (see the kernel's split path);
+// MUSE_ATTN2_TICKET_MERGE=0 builds the previous merge (an acq_rel arrival
+// counter, whose release waits for the partial stores) for an A/B.
+#ifndef MUSE_ATTN2_TICKET_MERGE
+#define MUSE_ATTN2_TICKET_MERGE 1
 #endif
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
@@ -387,11 +394,60 @@ __device__ __forceinline__ void cluster_arrive() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
+// The split path's partials in the workspace, for the ticket merge: every
+// 32-bit word is stored inverted, so that 0 (what the caller's zeroing and
+// every merge leave behind) reads as "not written yet" and a word, once
+// nonzero, is the value itself; no fence or flag orders the words. The one
+// value whose inverse is 0, the NaN 0xFFFFFFFF, is stored as the NaN 0x7FFFFFFF.
+__device__ __forceinline__ uint32_t ws_word(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return ~(b == 0xFFFFFFFFu ? 0x7FFFFFFFu : b);
+}
+__device__ __forceinline__ void st_ws(float4* at, float4 v) {
+  asm volatile("st.relaxed.gpu.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(at), "r"(ws_word(v.x)), "r"(ws_word(v.y)),
+               "r"(ws_word(v.z)), "r"(ws_word(v.w))
+               : "memory");
+}
+__device__ __forceinline__ void st_ws(float2* at, float2 v) {
+  asm volatile("st.relaxed.gpu.global.v2.b32 [%0], {%1, %2};" ::"l"(at), "r"(ws_word(v.x)), "r"(ws_word(v.y)) : "memory");
+}
+__device__ __forceinline__ void clear_ws(float4* at) {
+  asm volatile("st.relaxed.gpu.global.v4.b32 [%0], {%1, %1, %1, %1};" ::"l"(at), "r"(0u) : "memory");
+}
+__device__ __forceinline__ void clear_ws(float2* at) {
+  asm volatile("st.relaxed.gpu.global.v2.b32 [%0], {%1, %1};" ::"l"(at), "r"(0u) : "memory");
+}
+__device__ __forceinline__ uint4 ld_ws(const float4* at) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint2 ld_ws(const float2* at) {
+  uint2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ float ws_value(uint32_t w) { return __uint_as_float(~w); }
+
 __device__ __forceinline__ void wait_for_producer() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// One slice's partial (m in the log2 domain, l, 4 columns of O) into the
+// running merge of a row's slices.
+__device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float& m_max, float& l_sum, float (&f)[4]) {
+  const float m_new = fmaxf(m_max, mk);
+  const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
+  const float sc = fast_exp2(m_max - mu), w = fast_exp2(mk - mu);
+  m_max = m_new;
+  l_sum = sc * l_sum + w * lk;
+  f[0] = sc * f[0] + w * ok.x;
+  f[1] = sc * f[1] + w * ok.y;
+  f[2] = sc * f[2] + w * ok.z;
+  f[3] = sc * f[3] + w * ok.w;
 }
 
 // out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for 4 columns of a row
@@ -1045,14 +1101,98 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     return;
   }
 
-  // ---- split path: partial to the workspace; per CTA rank, the slice that
-  // arrives last merges that rank's rows over all slices -----------------------------
-  const int pair = req * p.num_kv_heads + kvh;
-  int* counter = static_cast<int*>(p.workspace) + pair * detail::kAttn2MaxCluster + rank;
+  // ---- split path: each slice's partial rows go to the workspace; per CTA
+  // rank, one slice merges that rank's rows over all slices, in slice order
+  // (the order, hence the bits, is fixed) -------------------------------------------
   float2* ws_ml = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) +
                                             detail::attn2_counter_bytes(static_cast<int64_t>(p.num_reqs) * p.num_kv_heads));
   float* ws_o = reinterpret_cast<float*>(ws_ml + static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * kRows);
+  const int pair = req * p.num_kv_heads + kvh;
+  int* counter = static_cast<int*>(p.workspace) + pair * detail::kAttn2MaxCluster + rank;  // per (pair, rank)
   const int64_t slice0 = static_cast<int64_t>(pair) * p.num_splits * kRows;  // (pair, slice 0, row 0)
+#if MUSE_ATTN2_TICKET_MERGE
+  // Every slice publishes its partial rows (st_ws: each word marks itself
+  // written), then thread 0 takes a ticket with a relaxed add, unordered with
+  // the stores: no wait for them to land. The CTA with the last ticket merges
+  // its rank's rows, reading the others' words again until all are written.
+  // It only ever waits for CTAs that took their ticket before it: those have
+  // issued their stores and wait for nothing else (no deadlock, whatever the
+  // grid's waves).
+  cluster_arrive();  // done with the other CTAs' shared memory
+  if (merger) {      // (the merger's own rows are not read back: they stay in registers)
+    const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
+    if (d == 0) st_ws(&ws_ml[at], make_float2(m_all, l_all));
+    st_ws(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
+  }
+  TRACE(16);
+  if (threadIdx.x == 0) {
+    int ticket;
+    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
+    s_last = ticket == active - 1;
+    if (s_last) *counter = 0;  // every ticket is taken: ready for the next launch (after its griddepcontrol.wait)
+    TRACE(17);
+  }
+  __syncthreads();
+  if (!s_last || !merger) {
+    cluster_wait();  // no CTA leaves while others read its shared memory
+    TRACE(11);
+    return;
+  }
+  // The merger: 8 slices per round (all loads in flight at once; 16 would
+  // spill), read again until every word of the round is written, then cleared
+  // and merged in slice order.
+  constexpr int kRound = MUSE_ATTN2_WGMMA_PATH ? 8 : 4;  // the mma.sync path holds more registers
+  float m_max = -INFINITY, l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int z0 = 0; z0 < active; z0 += kRound) {
+    uint2 ml[kRound];
+    uint4 ov[kRound];
+    for (;;) {
+      bool written = true;
+#pragma unroll
+      for (int k = 0; k < kRound; ++k) {
+        const int z = z0 + k;
+        if (z < active && z != split) {
+          const int64_t at = slice0 + static_cast<int64_t>(z) * kRows + row;
+          ml[k] = ld_ws(&ws_ml[at]);
+          ov[k] = ld_ws(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
+          written = written && ml[k].x != 0u && ml[k].y != 0u && ov[k].x != 0u && ov[k].y != 0u && ov[k].z != 0u &&
+                    ov[k].w != 0u;
+        }
+      }
+      if (__all_sync(0xFFFFFFFFu, written)) break;  // the merger warps are whole (rows of 16 lanes)
+    }
+    // The round's slots back to "not written" for the next launch, now, so
+    // that these stores drain while the merge and the output run.
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      const int z = z0 + k;
+      if (z < active) {
+        const int64_t at = slice0 + static_cast<int64_t>(z) * kRows + row;
+        if (d == 0) clear_ws(&ws_ml[at]);
+        clear_ws(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      const int z = z0 + k;
+      if (z < active) {
+        if (z == split)
+          merge_slice(m_all, l_all, make_float4(acc[0], acc[1], acc[2], acc[3]), m_max, l_sum, f);
+        else
+          merge_slice(ws_value(ml[k].x), ws_value(ml[k].y),
+                      make_float4(ws_value(ov[k].x), ws_value(ov[k].y), ws_value(ov[k].z), ws_value(ov[k].w)), m_max,
+                      l_sum, f);
+      }
+    }
+  }
+  TRACE(18);
+  const float inv = 1.0f / l_sum;
+  const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
+  finish_row(ov, s_gate[threadIdx.x], out_ptr);
+  PROBE(9);
+  cluster_wait();
+  TRACE(11);
+#else
   cluster_arrive();  // done with the other CTAs' shared memory
   if (merger) {
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
@@ -1096,19 +1236,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
     }
 #pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      if (z0 + k < active) {
-        const float m_new = fmaxf(m_max, ml[k].x);
-        const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
-        const float sc = fast_exp2(m_max - mu), w = fast_exp2(ml[k].x - mu);
-        m_max = m_new;
-        l_sum = sc * l_sum + w * ml[k].y;
-        f[0] = sc * f[0] + w * ov[k].x;
-        f[1] = sc * f[1] + w * ov[k].y;
-        f[2] = sc * f[2] + w * ov[k].z;
-        f[3] = sc * f[3] + w * ov[k].w;
-      }
-    }
+    for (int k = 0; k < kRound; ++k)
+      if (z0 + k < active) merge_slice(ml[k].x, ml[k].y, ov[k], m_max, l_sum, f);
   }
   TRACE(18);
   const float inv = 1.0f / l_sum;
@@ -1117,6 +1246,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   PROBE(9);
   cluster_wait();
   TRACE(11);
+#endif
 }
 
 // ---------------------------------------------------------------------------

@@ -6,10 +6,11 @@
 
 namespace muse_decode::detail {
 
-// Workspace of the split path: int32 arrival counters [R * KVH, 16] (one per
+// Workspace of the split path: int32 ticket counters [R * KVH, 16] (one per
 // CTA rank of a slice's cluster), padded to 256 bytes; then float2 (m, l)
 // [R, KVH, splits, 64 rows]; then float O [R, KVH, splits, 64 rows, 64]
-// (unnormalised, relative to m).
+// (unnormalised, relative to m). The partials' words are stored inverted, 0
+// meaning "not written in this launch"; every launch leaves all of it at 0.
 constexpr int kAttn2MaxCluster = 16;
 constexpr int64_t attn2_counter_bytes(int64_t pairs) { return (pairs * kAttn2MaxCluster * 4 + 255) / 256 * 256; }
 constexpr int64_t attn2_partial_bytes(int64_t partial_rows) { return partial_rows * (2 + 64) * 4; }
