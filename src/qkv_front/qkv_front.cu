@@ -11,8 +11,10 @@
 // padded to 8 or 16 by the TMA's zero fill). The weight does not depend on the
 // previous kernel, so the producer issues part of the ring before
 // griddepcontrol.wait (programmatic dependent launch); x, positions, slots and
-// every write come after it. A CTA stays under 113 KB of shared memory, so the
-// next kernel's CTA fits beside it and streams its own weight early.
+// every write come after it. The stream-K kernel, and the cluster kernel with
+// two n-tiles, stay under 113 KB of shared memory, so the next kernel's CTA
+// fits beside them and streams its own weight early; the cluster kernel with
+// one n-tile takes the whole SM for a ring twice as deep (measured faster).
 //
 // Two kernels, chosen per KV-head count by the table in launch_qkv_front:
 // - Cluster kernel (TP8, 2 KV heads: 36 heads): one thread-block cluster of
@@ -98,11 +100,21 @@ static_assert(kSmemBytes <= kSmemPerCtaBudget, "two CTAs per SM: the next launch
 // Ring of stages (W block + x block) at offset 0, then the merge slots (the
 // owner's: one fp32 partial per other CTA of the cluster; the epilogue's
 // token-major tile reuses them once summed), the staged cos|sin rows and
-// slots, and the barriers. The stage count is what the budget leaves: NT = 1:
-// 11 stages of 9 KB; NT = 2: 10 stages of 10 KB.
+// slots, and the barriers. The stage count is what the budget leaves: NT = 1
+// (one CTA per SM): 24 stages of 9 KB; NT = 2 (two): 10 stages of 10 KB.
 constexpr int kClusterMaxCtas = 3;  // CTAs per head
+// CTAs per SM of the cluster kernel (H200, bench/NOTES-qkv_front.md v5): with
+// one n-tile (T <= 8) the whole shared memory as the ring (24 stages, 192 KB
+// of weight in flight per SM) beats leaving room for the next launch's CTA
+// (10.0-10.1 us against 10.4-10.7); with two n-tiles the two-CTA layout is
+// faster (11.9 against 12.6 us at T = 16).
+template <int NT>
+constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : 2; }
+
 template <int NT>
 struct ClusterLayout {
+  static constexpr int kCtasPerSm = cluster_ctas_per_sm<NT>();
+  static constexpr int kBudget = 228 * 1024 / kCtasPerSm - 1024;  // 1 KB reserved per CTA
   static constexpr int kTokens = NT * 8;
   static constexpr int kXBytes = kTokens * kFrontBlockK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;
@@ -111,7 +123,7 @@ struct ClusterLayout {
   static constexpr int kRopeBytes = kTokens * kHeadDim * 4;
   static constexpr int kSlotBytes = kTokens * 8;
   static constexpr int kFixedBytes = kMergeBytes + kRopeBytes + kSlotBytes + 2 * 8;  // + staged, merged barriers
-  static constexpr int kStages = (kSmemPerCtaBudget - kFixedBytes) / (kStageBytes + 2 * 8);
+  static constexpr int kStages = (kBudget - kFixedBytes) / (kStageBytes + 2 * 8);
   static constexpr int kMergeOffset = kStages * kStageBytes;
   static constexpr int kRopeOffset = kMergeOffset + kMergeBytes;
   static constexpr int kSlotOffset = kRopeOffset + kRopeBytes;
@@ -119,7 +131,7 @@ struct ClusterLayout {
   static constexpr int kSmemBytes = kBarrierOffset + (2 * kStages + 2) * 8;
   static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
   static_assert(kTokens * kYStride * 4 <= kMergeBytes, "the epilogue tile fits in the merge slots");
-  static_assert(kSmemBytes <= kSmemPerCtaBudget, "two CTAs per SM: the next launch starts beside this one");
+  static_assert(kSmemBytes <= kBudget, "kCtasPerSm CTAs per SM");
   static_assert(kStages >= 8, "at least 64 KB of weight in flight per CTA");
 };
 
@@ -567,7 +579,7 @@ struct ClusterSplit {
 };
 
 template <int NT>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const QkvFrontParams p, const ClusterSplit split) {
   using L = ClusterLayout<NT>;
@@ -754,7 +766,7 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
 }
 
 // Cluster kernel defaults (H200 runs in bench/NOTES-qkv_front.md, v3).
-constexpr int kDefaultClusterCtas = 3;   // 36 heads x 3 = 108 CTAs at TP8: one wave, 2 CTAs/SM room
+constexpr int kDefaultClusterCtas = 3;   // 36 heads x 3 = 108 CTAs at TP8: one wave
 constexpr int kDefaultOwnerBlocks = 44;  // of 128: the owner streams 2 blocks more than the others (42)
 // Every stage before the wait: run 4 measured 10.45 / 11.69 us (T = 1 / 9)
 // against 10.67 / 12.26 with 4 stages left for after it.
