@@ -110,6 +110,17 @@ constexpr int kClusterMaxCtas = 3;  // CTAs per head
 // faster (11.9 against 12.6 us at T = 16).
 template <int NT>
 constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : 2; }
+// Experiment (off by default; bench/NOTES-qkv_front.md v6): with two n-tiles,
+// 4 helper warps (warps 6-9) take k-steps 2-3 of every block beside the
+// consumers' 0-1, so that a stage is done in half the time; the helpers'
+// sums are added to the consumers' in a fixed order after the loop.
+#ifndef MUSE_QKV_FRONT_HELPER_WARPS
+#define MUSE_QKV_FRONT_HELPER_WARPS 0
+#endif
+template <int NT>
+constexpr bool cluster_helpers() { return MUSE_QKV_FRONT_HELPER_WARPS != 0 && NT == 2; }
+template <int NT>
+constexpr int cluster_threads() { return kThreads + (cluster_helpers<NT>() ? kConsumerThreads : 0); }
 
 template <int NT>
 struct ClusterLayout {
@@ -322,11 +333,11 @@ __device__ __forceinline__ void refill_ring(const uint64_t* empty, int n, IssueW
 
 // One block of 64 weight rows x 64 columns against x: the warp's 16 rows
 // (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B).
-template <int NT>
+template <int NT, int KS0 = 0, int KS1 = kFrontBlockK / 16>
 __device__ __forceinline__ void mma_block(float (&acc)[NT][4], uint32_t w_s, uint32_t x_s, int a_row, int a_chunk,
                                           int b_row, int b_chunk) {
 #pragma unroll
-  for (int ks = 0; ks < kFrontBlockK / 16; ++ks) {
+  for (int ks = KS0; ks < KS1; ++ks) {
     uint32_t a0, a1, a2, a3;
     ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a0, a1, a2, a3);
     if constexpr (NT == 2) {
@@ -579,7 +590,7 @@ struct ClusterSplit {
 };
 
 template <int NT>
-__global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
+__global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>())
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const QkvFrontParams p, const ClusterSplit split) {
   using L = ClusterLayout<NT>;
@@ -608,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     if (smem_addr(smem) & 1023u) __trap();  // the swizzle addressing below needs it
     for (int s = 0; s < S; ++s) {
       mbar_init(smem_addr(&full[s]), 1);
-      mbar_init(smem_addr(&empty[s]), kConsumerWarps);
+      mbar_init(smem_addr(&empty[s]), kConsumerWarps * (cluster_helpers<NT>() ? 2 : 1));
     }
     mbar_init(smem_addr(staged), 1);
     mbar_init(smem_addr(merged), 1);
@@ -651,10 +662,13 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     return;
   }
 
-  // ---- consumers ----------------------------------------------------------
+  // ---- consumers (and helpers) ------------------------------------------
   wait_for_producer_grid();  // positions, slots and every write below
   const int tid = threadIdx.x;
-  const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
+  constexpr bool kHelpers = cluster_helpers<NT>();
+  const bool helper = kHelpers && warp > kStagingWarp;
+  const int cw = helper ? warp - kStagingWarp - 1 : warp;  // the warp's 16 rows
+  const int a_row = cw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
 
   float acc[NT][4];
@@ -665,12 +679,40 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
   for (int i = k_begin; i < k_end; ++i) {
     mbar_wait(smem_addr(&full[s]), phase);
     const uint32_t w_s = smem_addr(smem + s * L::kStageBytes);
-    mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+    if constexpr (kHelpers) {
+      if (helper)
+        mma_block<NT, 2, 4>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+      else
+        mma_block<NT, 0, 2>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+    } else {
+      mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     if (++s == S) {
       s = 0;
       phase ^= 1u;
+    }
+  }
+  if constexpr (kHelpers) {
+    // Every block consumed by all 8 warps: stage 0 is free. The helpers'
+    // sums go there, then each consumer adds its helper's (fixed order).
+    constexpr int kBoth = 2 * kConsumerThreads;
+    float4* scratch = reinterpret_cast<float4*>(smem) + (cw * 32 + lane) * NT;
+    asm volatile("bar.sync 2, %0;" ::"n"(kBoth) : "memory");
+    if (helper) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) scratch[nt] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+    }
+    asm volatile("bar.sync 2, %0;" ::"n"(kBoth) : "memory");
+    if (helper) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float4 v = scratch[nt];
+      acc[nt][0] += v.x;
+      acc[nt][1] += v.y;
+      acc[nt][2] += v.z;
+      acc[nt][3] += v.w;
     }
   }
 
@@ -792,7 +834,7 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (split.ctas == 1) split.owner_blocks = kFrontBlocksPerTile;
   const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
-  const detail::LaunchShape shape{dim3(heads * split.ctas), dim3(kThreads),
+  const detail::LaunchShape shape{dim3(heads * split.ctas), dim3(cluster_threads<NT>()),
                                   static_cast<unsigned>(ClusterLayout<NT>::kSmemBytes), split.ctas, p.pdl};
   return static_cast<cudaError_t>(
       detail::launch_kernel<qkv_front_cluster_kernel<NT>>(shape, stream, w_map, x_map, p, split));
@@ -831,10 +873,12 @@ int max_active_clusters(int nt, int ctas) {
   int n = 0;
   cudaError_t err;
   if (nt == 1) {
+    config.blockDim = dim3(cluster_threads<1>());
     if ((err = prepare_cluster_kernel<1>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<1>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<1>, &config);
   } else {
+    config.blockDim = dim3(cluster_threads<2>());
     if ((err = prepare_cluster_kernel<2>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<2>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<2>, &config);
