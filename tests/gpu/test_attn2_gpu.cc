@@ -182,6 +182,13 @@ struct Problem {
     return d_out->download();
   }
 
+  // Nonzero bytes left in the workspace (attn2.h: every launch leaves all of
+  // it at 0, counters and partial slots, for the next one).
+  int64_t workspace_left_dirty() const {
+    const auto ws = d_ws->download();
+    return std::count_if(ws.begin(), ws.end(), [](uint8_t b) { return b != 0; });
+  }
+
   md::reference::Attn2Inputs ref_inputs() const {
     md::reference::Attn2Inputs in;
     in.q = qkv.data();
@@ -351,7 +358,9 @@ TEST_F(Attn2Gpu, Tp1DeploymentShape) {
   Problem p(16, std::vector<int>(8, 4100), 131072, std::nullopt, 77);
   const auto first = p.run();
   const double err = p.check(first);
+  EXPECT_EQ(p.workspace_left_dirty(), 0) << "the launch must leave the workspace at 0";
   EXPECT_EQ(first, p.run());
+  EXPECT_EQ(p.workspace_left_dirty(), 0) << "the launch must leave the workspace at 0";
   std::printf("[ attn2    ] KVH 16, R 8, L 4100, max_model_len 131072 (%d slices): max rel RMS %.2e\n", p.splits,
               err);
 }
@@ -362,6 +371,7 @@ TEST_F(Attn2Gpu, DeterministicOverTenRuns) {
     const auto first = p.run();
     p.check(first);
     for (int k = 0; k < 9; ++k) ASSERT_EQ(p.run(), first) << "run " << k + 2 << " differs in its bits";
+    EXPECT_EQ(p.workspace_left_dirty(), 0) << "the launch must leave the workspace at 0";
   }
 }
 
@@ -416,7 +426,8 @@ TEST_F(Attn2Gpu, ContractBreaksGiveNaNRows) {
     p.table[2 * p.max_pages + 50] = p.num_pages + 7;
     p.upload_table();
     p.check(p.run(), {0, 1, 2});
-    // The same workspace serves the next launch (counters back at 0).
+    // The same workspace serves the next launch (all of it back at 0).
+    EXPECT_EQ(p.workspace_left_dirty(), 0);
     p.lens = {16, 2000, 1500, 900};
     p.table[2 * p.max_pages + 50] = -3;
     p.upload_table();
