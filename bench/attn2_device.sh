@@ -9,13 +9,7 @@
 # in OUT_DIR (at most 8 files, for the device tool).
 #   bash bench/attn2_device.sh [OUT_DIR]
 # Needs .deps/gtest (Debian's static GoogleTest) in the tree.
-set -o pipefail
-R=$(pwd)
-OUT=${1:-${OUT:-/tmp/attn2_out}}
-B=/tmp/attn2_build
-mkdir -p "$B" "$OUT"
-G=$R/.deps/gtest/usr
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+. bench/device_env.sh attn2 "${1:-}"
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
@@ -39,10 +33,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
 }
 FIRST=${VARIANTS%% *}
 FIRST=${FIRST//,/_}
-CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
-NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
-t0=$(date +%s)
-stamp() { echo "# [$(( $(date +%s) - t0 )) s] $*"; }
 
 if [ "${PY:-0}" = 1 ]; then
   # FlashInfer: install the wheels, reuse carried modules, JIT-build the rest in the background.
@@ -71,7 +61,6 @@ for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/reference/bf16.c
 done
 wait $(jobs -p | grep -v -e "^${fi_pid:-x}$" -e "^${py_pid:-x}$") 2>/dev/null
 for f in "$B"/*.log; do case $f in *fi_warm*|*py_build*) ;; *) grep -E "error|warning|Used|spill" "$f" | sed "s|^|$(basename "$f"): |";; esac; done
-L=$G/lib/x86_64-linux-gnu
 nvcc -o "$B/attn2_gpu_tests" "$B/attn2_$FIRST.o" "$B/attn2_host.o" "$B/attn2_ref.o" "$B/bf16.o" "$B/tensor.o" "$B/arch.o" \
   "$B/test_attn2_gpu.o" "$L/libgtest_main.a" "$L/libgtest.a" -lpthread || exit 2
 for v in $VARIANTS; do

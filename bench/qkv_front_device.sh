@@ -5,17 +5,7 @@
 # "--variants" for the tuning table, "--quick"). Output files land in OUT_DIR.
 #   bash bench/qkv_front_device.sh [OUT_DIR]
 # Needs .deps/gtest (Debian's static GoogleTest) in the tree.
-set -o pipefail
-R=$(pwd)
-OUT=${1:-${OUT:-/tmp/qkv_front_out}}
-B=/tmp/qkv_front_build
-mkdir -p "$B" "$OUT"
-G=$R/.deps/gtest/usr
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-CXXF="-std=c++17 -O3 -I$R/include -I$G/include -I$CUDA_HOME/include -DMUSE_DECODE_WITH_CUDA -ffp-contract=off"
-NVF="-std=c++17 -O3 -I$R/include -gencode=arch=compute_90a,code=sm_90a -lineinfo --expt-relaxed-constexpr -DMUSE_DECODE_WITH_CUDA"
-t0=$(date +%s)
-stamp() { echo "# [$(( $(date +%s) - t0 )) s] $*"; }
+. bench/device_env.sh qkv_front "${1:-}"
 nvcc $NVF ${NVFLAGS:-} -Xptxas -v,--warn-on-spills -c src/qkv_front/qkv_front.cu -o "$B/qkv_front.o" > "$B/ptxas.log" 2>&1 &
 nvcc $NVF -c bench/bench_qkv_front.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
 for f in src/qkv_front/qkv_front_host.cc src/reference/qkv_front_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_qkv_front_gpu.cc; do
@@ -23,7 +13,6 @@ for f in src/qkv_front/qkv_front_host.cc src/reference/qkv_front_ref.cc src/refe
 done
 wait
 for f in "$B"/*.log; do grep -E "error|warning|spill" "$f" | grep -v "0 bytes spill" | sed "s|^|$(basename "$f"): |"; done
-L=$G/lib/x86_64-linux-gnu
 nvcc -o "$B/qkv_front_gpu_tests" "$B/qkv_front.o" "$B/qkv_front_host.o" "$B/qkv_front_ref.o" "$B/bf16.o" "$B/tensor.o" \
   "$B/arch.o" "$B/test_qkv_front_gpu.o" "$L/libgtest_main.a" "$L/libgtest.a" -lpthread || exit 2
 nvcc -o "$B/bench_qkv_front" "$B/bench.o" "$B/qkv_front.o" "$B/qkv_front_host.o" "$B/tensor.o" "$B/arch.o" || exit 2
