@@ -110,15 +110,17 @@ constexpr int kClusterMaxCtas = 3;  // CTAs per head
 // faster (11.9 against 12.6 us at T = 16).
 template <int NT>
 constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : 2; }
-// Experiment (off by default; bench/NOTES-qkv_front.md v6): with two n-tiles,
-// 4 helper warps (warps 6-9) take k-steps 2-3 of every block beside the
-// consumers' 0-1, so that a stage is done in half the time; the helpers'
-// sums are added to the consumers' in a fixed order after the loop.
+// Experiment (off by default; bench/NOTES-qkv_front.md v6): 4 helper warps
+// (warps 6-9) take k-steps 2-3 of every block beside the consumers' 0-1, so
+// that a stage is done in half the time; the helpers' sums are added to the
+// consumers' in a fixed order after the loop. 1: with two n-tiles; 2: always.
 #ifndef MUSE_QKV_FRONT_HELPER_WARPS
 #define MUSE_QKV_FRONT_HELPER_WARPS 0
 #endif
 template <int NT>
-constexpr bool cluster_helpers() { return MUSE_QKV_FRONT_HELPER_WARPS != 0 && NT == 2; }
+constexpr bool cluster_helpers() {
+  return MUSE_QKV_FRONT_HELPER_WARPS >= 2 || (MUSE_QKV_FRONT_HELPER_WARPS == 1 && NT == 2);
+}
 template <int NT>
 constexpr int cluster_threads() { return kThreads + (cluster_helpers<NT>() ? kConsumerThreads : 0); }
 
