@@ -400,6 +400,7 @@ __device__ __forceinline__ void cluster_arrive() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
+#if MUSE_ATTN2_TICKET_MERGE
 // The split path's partials in the workspace, for the ticket merge: every
 // 32-bit word is stored inverted, so that 0 (what the caller's zeroing and
 // every merge leave behind) reads as "not written yet" and a word, once
@@ -434,6 +435,7 @@ __device__ __forceinline__ uint2 ld_ws(const float2* at) {
   return v;
 }
 __device__ __forceinline__ float ws_value(uint32_t w) { return __uint_as_float(~w); }
+#endif
 
 __device__ __forceinline__ void wait_for_producer() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -1196,13 +1198,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
     }
   }
-  TRACE(18);
-  const float inv = 1.0f / l_sum;
-  const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
-  finish_row(ov, s_gate[threadIdx.x], out_ptr);
-  PROBE(9);
-  cluster_wait();
-  TRACE(11);
 #else
   cluster_arrive();  // done with the other CTAs' shared memory
   if (merger) {
@@ -1250,6 +1245,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     for (int k = 0; k < kRound; ++k)
       if (z0 + k < active) merge_slice(ml[k].x, ml[k].y, ov[k], m_max, l_sum, f);
   }
+#endif
   TRACE(18);
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
@@ -1257,7 +1253,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   PROBE(9);
   cluster_wait();
   TRACE(11);
-#endif
 }
 
 // ---------------------------------------------------------------------------
