@@ -61,6 +61,9 @@ namespace {
 // MUSE_QKV_FRONT_DIAG_SKIP_TAIL / MUSE_QKV_FRONT_DIAG_NO_X: timing
 // experiments only (wrong results), stream-K kernel: skip the split-K merge
 // and the epilogue / skip the x copies (the MMAs read stale shared memory).
+// Cluster kernel: MUSE_QKV_FRONT_DIAG_NO_X as well, MUSE_QKV_FRONT_DIAG_NO_MMA
+// (the consumers release each stage without reading it) and
+// MUSE_QKV_FRONT_DIAG_FORCE_NT2 (two n-tiles for every T).
 
 constexpr int kConsumerWarps = 4;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
@@ -108,21 +111,25 @@ constexpr int kClusterMaxCtas = 3;  // CTAs per head
 // of weight in flight per SM) beats leaving room for the next launch's CTA
 // (10.0-10.1 us against 10.4-10.7); with two n-tiles the two-CTA layout is
 // faster (11.9 against 12.6 us at T = 16).
-template <int NT>
-constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : 2; }
-// Experiment (off by default; bench/NOTES-qkv_front.md v6): 4 helper warps
-// (warps 6-9) take k-steps 2-3 of every block beside the consumers' 0-1, so
-// that a stage is done in half the time; the helpers' sums are added to the
-// consumers' in a fixed order after the loop. 1: with two n-tiles; 2: always.
-#ifndef MUSE_QKV_FRONT_HELPER_WARPS
-#define MUSE_QKV_FRONT_HELPER_WARPS 0
+#ifndef MUSE_QKV_FRONT_NT2_CTAS_PER_SM
+#define MUSE_QKV_FRONT_NT2_CTAS_PER_SM 2
 #endif
 template <int NT>
-constexpr bool cluster_helpers() {
-  return MUSE_QKV_FRONT_HELPER_WARPS >= 2 || (MUSE_QKV_FRONT_HELPER_WARPS == 1 && NT == 2);
-}
-template <int NT>
-constexpr int cluster_threads() { return kThreads + (cluster_helpers<NT>() ? kConsumerThreads : 0); }
+constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : MUSE_QKV_FRONT_NT2_CTAS_PER_SM; }
+// The consumers' k-steps (bench/NOTES-qkv_front.md v7): each stage's
+// ldmatrix loads are all issued before its MMAs, and in the cluster kernel the
+// MMAs alternate over kClusterChains independent accumulators (summed in a
+// fixed order after the loop), so a stage costs one load latency and a short
+// MMA chain. The stream-K kernel keeps one chain (two cost TP1 2 us at T = 16).
+#ifndef MUSE_QKV_FRONT_MMA_CHAINS
+#define MUSE_QKV_FRONT_MMA_CHAINS 2
+#endif
+#ifndef MUSE_QKV_FRONT_LOADS_FIRST
+#define MUSE_QKV_FRONT_LOADS_FIRST 1
+#endif
+constexpr int kClusterChains = MUSE_QKV_FRONT_MMA_CHAINS;
+constexpr int kStreamKChains = 1;
+static_assert(kClusterChains == 1 || kClusterChains == 2 || kClusterChains == 4, "the 4 k-steps of a block split evenly over the chains");
 
 template <int NT>
 struct ClusterLayout {
@@ -335,22 +342,56 @@ __device__ __forceinline__ void refill_ring(const uint64_t* empty, int n, IssueW
 
 // One block of 64 weight rows x 64 columns against x: the warp's 16 rows
 // (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B).
-template <int NT, int KS0 = 0, int KS1 = kFrontBlockK / 16>
-__device__ __forceinline__ void mma_block(float (&acc)[NT][4], uint32_t w_s, uint32_t x_s, int a_row, int a_chunk,
-                                          int b_row, int b_chunk) {
+// k-step ks accumulates into chain ks % kMmaChains.
+template <int NT, int kMmaChains>
+__device__ __forceinline__ void zero_chains(float (&chains)[kMmaChains][NT][4]) {
 #pragma unroll
-  for (int ks = KS0; ks < KS1; ++ks) {
-    uint32_t a0, a1, a2, a3;
-    ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a0, a1, a2, a3);
-    if constexpr (NT == 2) {
-      uint32_t b00, b01, b10, b11;
-      ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b00, b01, b10, b11);
-      mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
-      mma_bf16(acc[NT - 1], a0, a1, a2, a3, b10, b11);
-    } else {
-      uint32_t b00, b01;
-      ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b00, b01);
-      mma_bf16(acc[0], a0, a1, a2, a3, b00, b01);
+  for (int c = 0; c < kMmaChains; ++c)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) chains[c][nt][0] = chains[c][nt][1] = chains[c][nt][2] = chains[c][nt][3] = 0.0f;
+}
+
+// acc = chain 0 + chain 1 + ... (this order, so the bits are fixed).
+template <int NT, int kMmaChains>
+__device__ __forceinline__ void sum_chains(const float (&chains)[kMmaChains][NT][4], float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = chains[0][nt][e];
+#pragma unroll
+      for (int c = 1; c < kMmaChains; ++c) v += chains[c][nt][e];
+      acc[nt][e] = v;
+    }
+}
+
+template <int NT, int kMmaChains>
+__device__ __forceinline__ void mma_block(float (&chains)[kMmaChains][NT][4], uint32_t w_s, uint32_t x_s, int a_row,
+                                          int a_chunk, int b_row, int b_chunk) {
+  constexpr int kSteps = kFrontBlockK / 16;
+  uint32_t a[kSteps][4], b[kSteps][NT][2];
+  const auto load = [&](int ks) {
+    ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
+    if constexpr (NT == 2)
+      ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b[ks][0][0], b[ks][0][1], b[ks][NT - 1][0], b[ks][NT - 1][1]);
+    else
+      ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b[ks][0][0], b[ks][0][1]);
+  };
+  const auto mma = [&](int ks) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      mma_bf16(chains[ks % kMmaChains][nt], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b[ks][nt][0], b[ks][nt][1]);
+  };
+  if constexpr (MUSE_QKV_FRONT_LOADS_FIRST) {
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) load(ks);
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) mma(ks);
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      load(ks);
+      mma(ks);
     }
   }
 }
@@ -520,14 +561,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t seg_end = b_end < tile_end ? b_end : tile_end;
     const bool whole = b == tile_begin && seg_end == tile_end;
 
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-
+    float chains[kStreamKChains][NT][4];
+    zero_chains(chains);
     for (; b < seg_end; ++b) {
       mbar_wait(smem_addr(&full[s]), phase);
       const uint32_t w_s = smem_addr(smem + s * kStageBytes);
-      mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+      mma_block(chains, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
       if (++s == kStages) {
@@ -535,6 +574,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         phase ^= 1u;
       }
     }
+    float acc[NT][4];
+    sum_chains(chains, acc);
 
 #ifdef MUSE_QKV_FRONT_DIAG_SKIP_TAIL
     if (tile >= 0) continue;
@@ -592,7 +633,7 @@ struct ClusterSplit {
 };
 
 template <int NT>
-__global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>())
+__global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const QkvFrontParams p, const ClusterSplit split) {
   using L = ClusterLayout<NT>;
@@ -621,7 +662,7 @@ __global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>
     if (smem_addr(smem) & 1023u) __trap();  // the swizzle addressing below needs it
     for (int s = 0; s < S; ++s) {
       mbar_init(smem_addr(&full[s]), 1);
-      mbar_init(smem_addr(&empty[s]), kConsumerWarps * (cluster_helpers<NT>() ? 2 : 1));
+      mbar_init(smem_addr(&empty[s]), kConsumerWarps);
     }
     mbar_init(smem_addr(staged), 1);
     mbar_init(smem_addr(merged), 1);
@@ -633,7 +674,11 @@ __global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>
   cluster_arrive_release();
   allow_dependent_grid();  // as in qkv_front_kernel
 
+#ifdef MUSE_QKV_FRONT_DIAG_NO_X
+  constexpr uint32_t kTxBytes = kWBytes;
+#else
   constexpr uint32_t kTxBytes = L::kStageBytes;
+#endif
   if (warp == kStagingWarp) {
     if (rank == 0) stage_epilogue_inputs(p, s_rope, s_slot, smem_addr(staged), lane);
     return;
@@ -651,8 +696,10 @@ __global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>
                   head * kFrontTileRows);
     };
     const auto issue_x = [&](int i, int s) {
+#ifndef MUSE_QKV_FRONT_DIAG_NO_X
       tma_load_2d(smem_addr(smem + s * L::kStageBytes + kWBytes), &x_map, smem_addr(&full[s]),
                   (k_begin + i) * kFrontBlockK, 0);
+#endif
     };
     for (int i = 0; i < pre; ++i) issue_w(i, i);
     wait_for_producer_grid();  // x is the previous kernel's output
@@ -664,31 +711,24 @@ __global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>
     return;
   }
 
-  // ---- consumers (and helpers) ------------------------------------------
+  // ---- consumers ----------------------------------------------------------
   wait_for_producer_grid();  // positions, slots and every write below
   const int tid = threadIdx.x;
-  constexpr bool kHelpers = cluster_helpers<NT>();
-  const bool helper = kHelpers && warp > kStagingWarp;
-  const int cw = helper ? warp - kStagingWarp - 1 : warp;  // the warp's 16 rows
-  const int a_row = cw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
+  const int a_row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, a_chunk = lane >> 4;
   const int b_row = (lane & 7) + (lane >> 4) * 8, b_chunk = (lane >> 3) & 1;
 
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  float chains[kClusterChains][NT][4];
+  zero_chains(chains);
   int s = 0;
   uint32_t phase = 0;
   for (int i = k_begin; i < k_end; ++i) {
     mbar_wait(smem_addr(&full[s]), phase);
     const uint32_t w_s = smem_addr(smem + s * L::kStageBytes);
-    if constexpr (kHelpers) {
-      if (helper)
-        mma_block<NT, 2, 4>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
-      else
-        mma_block<NT, 0, 2>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
-    } else {
-      mma_block<NT>(acc, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
-    }
+#ifndef MUSE_QKV_FRONT_DIAG_NO_MMA
+    mma_block(chains, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
+#else
+    (void)w_s;
+#endif
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
     if (++s == S) {
@@ -696,27 +736,8 @@ __global__ void __launch_bounds__(cluster_threads<NT>(), cluster_ctas_per_sm<NT>
       phase ^= 1u;
     }
   }
-  if constexpr (kHelpers) {
-    // Every block consumed by all 8 warps: stage 0 is free. The helpers'
-    // sums go there, then each consumer adds its helper's (fixed order).
-    constexpr int kBoth = 2 * kConsumerThreads;
-    float4* scratch = reinterpret_cast<float4*>(smem) + (cw * 32 + lane) * NT;
-    asm volatile("bar.sync 2, %0;" ::"n"(kBoth) : "memory");
-    if (helper) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) scratch[nt] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
-    }
-    asm volatile("bar.sync 2, %0;" ::"n"(kBoth) : "memory");
-    if (helper) return;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const float4 v = scratch[nt];
-      acc[nt][0] += v.x;
-      acc[nt][1] += v.y;
-      acc[nt][2] += v.z;
-      acc[nt][3] += v.w;
-    }
-  }
+  float acc[NT][4];
+  sum_chains(chains, acc);
 
   constexpr int kPartialFloats = L::kPartialBytes / 4;
   if (rank != 0) {
@@ -836,7 +857,7 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (split.ctas == 1) split.owner_blocks = kFrontBlocksPerTile;
   const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
-  const detail::LaunchShape shape{dim3(heads * split.ctas), dim3(cluster_threads<NT>()),
+  const detail::LaunchShape shape{dim3(heads * split.ctas), dim3(kThreads),
                                   static_cast<unsigned>(ClusterLayout<NT>::kSmemBytes), split.ctas, p.pdl};
   return static_cast<cudaError_t>(
       detail::launch_kernel<qkv_front_cluster_kernel<NT>>(shape, stream, w_map, x_map, p, split));
@@ -875,12 +896,12 @@ int max_active_clusters(int nt, int ctas) {
   int n = 0;
   cudaError_t err;
   if (nt == 1) {
-    config.blockDim = dim3(cluster_threads<1>());
+    config.blockDim = dim3(kThreads);
     if ((err = prepare_cluster_kernel<1>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<1>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<1>, &config);
   } else {
-    config.blockDim = dim3(cluster_threads<2>());
+    config.blockDim = dim3(kThreads);
     if ((err = prepare_cluster_kernel<2>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<2>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<2>, &config);
@@ -903,7 +924,11 @@ int launch_qkv_front(const QkvFrontParams& p, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   // Flat dispatch: kernel by KV-head count, then 8 tokens (the verify step)
   // and fewer take one n-tile.
+#ifdef MUSE_QKV_FRONT_DIAG_FORCE_NT2
+  const bool one_tile = false;
+#else
   const bool one_tile = p.num_tokens <= 8;
+#endif
   cudaError_t err;
   switch (path_for(p.num_kv_heads)) {
     case Path::kCluster: err = one_tile ? launch_cluster<1>(p, s) : launch_cluster<2>(p, s); break;
