@@ -13,8 +13,7 @@
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
-            # tk0 (split merge through the acq_rel counter, not the ticket),
-            # tg1 (let the next launch start after the cluster merge, not the loop)
+            # tk0 (split merge through the acq_rel counter, not the ticket)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -27,7 +26,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
-      tg[0-9]) f="$f -DMUSE_ATTN2_TRIGGER=${t#tg}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

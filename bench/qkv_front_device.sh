@@ -7,7 +7,7 @@
 # Needs .deps/gtest (Debian's static GoogleTest) in the tree.
 . bench/device_env.sh qkv_front "${1:-}"
 nvcc $NVF ${NVFLAGS:-} -Xptxas -v,--warn-on-spills -c src/qkv_front/qkv_front.cu -o "$B/qkv_front.o" > "$B/ptxas.log" 2>&1 &
-nvcc $NVF -c bench/bench_qkv_front.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
+nvcc $NVF ${NVFLAGS:-} -c bench/bench_qkv_front.cu -o "$B/bench.o" > "$B/bench_cc.log" 2>&1 &
 for f in src/qkv_front/qkv_front_host.cc src/reference/qkv_front_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_qkv_front_gpu.cc; do
   g++ $CXXF -c "$f" -o "$B/$(basename "$f" .cc).o" > "$B/$(basename "$f" .cc).log" 2>&1 &
 done

@@ -138,12 +138,6 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_TICKET_MERGE
 #define MUSE_ATTN2_TICKET_MERGE 1
 #endif
-// Where the next launch may start (PDL): 0 once this CTA's keys are done
-// (default), 1 once its cluster merge is done, so that the next launch's
-// early copies do not crowd this one's global merge (for an A/B).
-#ifndef MUSE_ATTN2_TRIGGER
-#define MUSE_ATTN2_TRIGGER 0
-#endif
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
@@ -1011,9 +1005,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();  // every stage consumed, s_bad set, the second half's state written
   PROBE(6);
-#if MUSE_ATTN2_TRIGGER == 0
   allow_dependents();
-#endif
   if (kKeySplit == 2 && kh == 0) {
     // Both halves' states, merged in a fixed order (first half, then second).
     // The second half's warps only join the cluster barriers from here on:
@@ -1095,9 +1087,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   }
   TRACE(15);
-#if MUSE_ATTN2_TRIGGER == 1
-  allow_dependents();
-#endif
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
   if (active == 1) {

@@ -11,10 +11,10 @@
 // padded to 8 or 16 by the TMA's zero fill). The weight does not depend on the
 // previous kernel, so the producer issues part of the ring before
 // griddepcontrol.wait (programmatic dependent launch); x, positions, slots and
-// every write come after it. The stream-K kernel, and the cluster kernel with
-// two n-tiles, stay under 113 KB of shared memory, so the next kernel's CTA
-// fits beside them and streams its own weight early; the cluster kernel with
-// one n-tile takes the whole SM for a ring twice as deep (measured faster).
+// every write come after it. The stream-K kernel stays under 113 KB of shared
+// memory, so the next kernel's CTA fits beside it and streams its own weight
+// early; the cluster kernel takes the whole SM for a ring twice as deep
+// (measured faster).
 //
 // Two kernels, chosen per KV-head count by the table in launch_qkv_front:
 // - Cluster kernel (TP8, 2 KV heads: 36 heads): one thread-block cluster of
@@ -103,16 +103,16 @@ static_assert(kSmemBytes <= kSmemPerCtaBudget, "two CTAs per SM: the next launch
 // Ring of stages (W block + x block) at offset 0, then the merge slots (the
 // owner's: one fp32 partial per other CTA of the cluster; the epilogue's
 // token-major tile reuses them once summed), the staged cos|sin rows and
-// slots, and the barriers. The stage count is what the budget leaves: NT = 1
-// (one CTA per SM): 24 stages of 9 KB; NT = 2 (two): 10 stages of 10 KB.
+// slots, and the barriers. The stage count is what the budget leaves (one CTA
+// per SM): NT = 1 24 stages of 9 KB, NT = 2 21 stages of 10 KB.
 constexpr int kClusterMaxCtas = 3;  // CTAs per head
-// CTAs per SM of the cluster kernel (H200, bench/NOTES-qkv_front.md v5): with
-// one n-tile (T <= 8) the whole shared memory as the ring (24 stages, 192 KB
-// of weight in flight per SM) beats leaving room for the next launch's CTA
-// (10.0-10.1 us against 10.4-10.7); with two n-tiles the two-CTA layout is
-// faster (11.9 against 12.6 us at T = 16).
+// CTAs per SM of the cluster kernel (H200, bench/NOTES-qkv_front.md v5, v7):
+// the whole shared memory as the ring (192 KB of weight in flight per SM)
+// beats leaving room for the next launch's CTA: 10.0-10.1 us against 10.4-10.7
+// at T <= 8; at T = 16 10.75 against 11.4 once the consumers release a stage
+// as soon as it is in registers (v7; before that, two CTAs were faster).
 #ifndef MUSE_QKV_FRONT_NT2_CTAS_PER_SM
-#define MUSE_QKV_FRONT_NT2_CTAS_PER_SM 2
+#define MUSE_QKV_FRONT_NT2_CTAS_PER_SM 1
 #endif
 template <int NT>
 constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : MUSE_QKV_FRONT_NT2_CTAS_PER_SM; }
@@ -123,9 +123,6 @@ constexpr int cluster_ctas_per_sm() { return NT == 1 ? 1 : MUSE_QKV_FRONT_NT2_CT
 // MMA chain. The stream-K kernel keeps one chain (two cost TP1 2 us at T = 16).
 #ifndef MUSE_QKV_FRONT_MMA_CHAINS
 #define MUSE_QKV_FRONT_MMA_CHAINS 2
-#endif
-#ifndef MUSE_QKV_FRONT_LOADS_FIRST
-#define MUSE_QKV_FRONT_LOADS_FIRST 1
 #endif
 constexpr int kClusterChains = MUSE_QKV_FRONT_MMA_CHAINS;
 constexpr int kStreamKChains = 1;
@@ -233,6 +230,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
 
 // The 128 consumer threads only (the producer warp never joins).
 __device__ __forceinline__ void consumer_sync() {
@@ -365,35 +363,44 @@ __device__ __forceinline__ void sum_chains(const float (&chains)[kMmaChains][NT]
     }
 }
 
+// A block's operands in registers: the warp's A fragments and the B fragments
+// of its NT n-tiles for the 4 k-steps.
+template <int NT>
+struct BlockFrags {
+  uint32_t a[kFrontBlockK / 16][4];
+  uint32_t b[kFrontBlockK / 16][NT][2];
+};
+
+template <int NT>
+__device__ __forceinline__ void load_block(BlockFrags<NT>& f, uint32_t w_s, uint32_t x_s, int a_row, int a_chunk,
+                                           int b_row, int b_chunk) {
+#pragma unroll
+  for (int ks = 0; ks < kFrontBlockK / 16; ++ks) {
+    ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), f.a[ks][0], f.a[ks][1], f.a[ks][2], f.a[ks][3]);
+    if constexpr (NT == 2)
+      ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), f.b[ks][0][0], f.b[ks][0][1], f.b[ks][NT - 1][0],
+                  f.b[ks][NT - 1][1]);
+    else
+      ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), f.b[ks][0][0], f.b[ks][0][1]);
+  }
+}
+
+template <int NT, int kMmaChains>
+__device__ __forceinline__ void mma_frags(float (&chains)[kMmaChains][NT][4], const BlockFrags<NT>& f) {
+#pragma unroll
+  for (int ks = 0; ks < kFrontBlockK / 16; ++ks)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      mma_bf16(chains[ks % kMmaChains][nt], f.a[ks][0], f.a[ks][1], f.a[ks][2], f.a[ks][3], f.b[ks][nt][0],
+               f.b[ks][nt][1]);
+}
+
 template <int NT, int kMmaChains>
 __device__ __forceinline__ void mma_block(float (&chains)[kMmaChains][NT][4], uint32_t w_s, uint32_t x_s, int a_row,
                                           int a_chunk, int b_row, int b_chunk) {
-  constexpr int kSteps = kFrontBlockK / 16;
-  uint32_t a[kSteps][4], b[kSteps][NT][2];
-  const auto load = [&](int ks) {
-    ldmatrix_x4(w_s + swizzled(a_row, ks * 2 + a_chunk), a[ks][0], a[ks][1], a[ks][2], a[ks][3]);
-    if constexpr (NT == 2)
-      ldmatrix_x4(x_s + swizzled(b_row, ks * 2 + b_chunk), b[ks][0][0], b[ks][0][1], b[ks][NT - 1][0], b[ks][NT - 1][1]);
-    else
-      ldmatrix_x2(x_s + swizzled(b_row & 7, ks * 2 + b_chunk), b[ks][0][0], b[ks][0][1]);
-  };
-  const auto mma = [&](int ks) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-      mma_bf16(chains[ks % kMmaChains][nt], a[ks][0], a[ks][1], a[ks][2], a[ks][3], b[ks][nt][0], b[ks][nt][1]);
-  };
-  if constexpr (MUSE_QKV_FRONT_LOADS_FIRST) {
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) load(ks);
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) mma(ks);
-  } else {
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      load(ks);
-      mma(ks);
-    }
-  }
+  BlockFrags<NT> f;
+  load_block(f, w_s, x_s, a_row, a_chunk, b_row, b_chunk);
+  mma_frags(chains, f);
 }
 
 // Epilogue of one head (tile) whose sums are in the consumers' fragments:
@@ -725,12 +732,18 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     mbar_wait(smem_addr(&full[s]), phase);
     const uint32_t w_s = smem_addr(smem + s * L::kStageBytes);
 #ifndef MUSE_QKV_FRONT_DIAG_NO_MMA
-    mma_block(chains, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
-#else
-    (void)w_s;
-#endif
+    // The stage is free once its fragments are in registers; the MMAs run
+    // while the producer refills it.
+    BlockFrags<NT> f;
+    load_block(f, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+    mma_frags(chains, f);
+#else
+    (void)w_s;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+#endif
     if (++s == S) {
       s = 0;
       phase ^= 1u;
@@ -832,7 +845,11 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
 
 // Cluster kernel defaults (H200 runs in bench/NOTES-qkv_front.md, v3).
 constexpr int kDefaultClusterCtas = 3;   // 36 heads x 3 = 108 CTAs at TP8: one wave
-constexpr int kDefaultOwnerBlocks = 44;  // of 128: the owner streams 2 blocks more than the others (42)
+// K blocks (of 128) the owner streams: with one n-tile 2 more than the others
+// (44 / 42 / 42); with two, whose epilogue is longer, 11 more (50 / 39 / 39),
+// measured faster at T = 16 (10.59 against 10.79 us with 44, v7).
+template <int NT>
+constexpr int default_owner_blocks() { return NT == 1 ? 44 : 50; }
 // Every stage before the wait: run 4 measured 10.45 / 11.69 us (T = 1 / 9)
 // against 10.67 / 12.26 with 4 stages left for after it; with the 24-stage
 // one-CTA ring (v5) 9.84 us at T = 1 against 10.59 with 5 stages before it
@@ -849,7 +866,7 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   ClusterSplit split;
   split.ctas = g_tuning.cluster_ctas > 0 ? g_tuning.cluster_ctas : kDefaultClusterCtas;
-  split.owner_blocks = g_tuning.owner_blocks > 0 ? g_tuning.owner_blocks : kDefaultOwnerBlocks;
+  split.owner_blocks = g_tuning.owner_blocks > 0 ? g_tuning.owner_blocks : default_owner_blocks<NT>();
   split.pre_stages = g_tuning.pre_stages > 0 ? g_tuning.pre_stages : default_cluster_pre_stages<NT>();
   if (split.ctas < 1 || split.ctas > kClusterMaxCtas || split.owner_blocks < 1 ||
       split.owner_blocks > kFrontBlocksPerTile - (split.ctas - 1) ||
