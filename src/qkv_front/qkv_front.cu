@@ -845,15 +845,14 @@ cudaError_t launch(const QkvFrontParams& p, cudaStream_t stream) {
 
 // Cluster kernel defaults (H200 runs in bench/NOTES-qkv_front.md, v3).
 constexpr int kDefaultClusterCtas = 3;   // 36 heads x 3 = 108 CTAs at TP8: one wave
-// K blocks (of 128) the owner streams (bench --variants, v7 in the notes).
-// Under PDL 54 / 37 / 37: the other two CTAs leave early and the next
-// launch's CTAs take their SMs (T = 1 / 8 / 16: 9.70 / 9.71 / 10.20 us
-// against 9.76 / 9.92 / 10.47 with 44 and 50). Without PDL nothing is waiting
-// for those SMs and the owner's extra blocks only cost (12.2 against 13.0 us
-// at T = 1): 44 / 42 / 42 with one n-tile, 50 / 39 / 39 with two, whose
-// epilogue is longer.
+// K blocks (of 128) the owner streams (bench --variants, v7 in the notes):
+// one n-tile 44 / 42 / 42; two, whose epilogue is longer, 54 / 37 / 37, so
+// that under PDL the other two CTAs leave early and the next launch's CTAs
+// take their SMs (T = 16: 10.20 us against 10.47 with 50 and 10.79 with 44).
+// Not chosen by PDL on or off: the split sets the order of the sums, and the
+// bits must not depend on how the kernel was launched.
 template <int NT>
-int default_owner_blocks(bool pdl) { return pdl ? 54 : NT == 1 ? 44 : 50; }
+constexpr int default_owner_blocks() { return NT == 1 ? 44 : 54; }
 // Every stage before the wait: run 4 measured 10.45 / 11.69 us (T = 1 / 9)
 // against 10.67 / 12.26 with 4 stages left for after it; with the 24-stage
 // one-CTA ring (v5) 9.84 us at T = 1 against 10.59 with 5 stages before it
@@ -870,7 +869,7 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   ClusterSplit split;
   split.ctas = g_tuning.cluster_ctas > 0 ? g_tuning.cluster_ctas : kDefaultClusterCtas;
-  split.owner_blocks = g_tuning.owner_blocks > 0 ? g_tuning.owner_blocks : default_owner_blocks<NT>(p.pdl);
+  split.owner_blocks = g_tuning.owner_blocks > 0 ? g_tuning.owner_blocks : default_owner_blocks<NT>();
   split.pre_stages = g_tuning.pre_stages > 0 ? g_tuning.pre_stages : default_cluster_pre_stages<NT>();
   if (split.ctas < 1 || split.ctas > kClusterMaxCtas || split.owner_blocks < 1 ||
       split.owner_blocks > kFrontBlocksPerTile - (split.ctas - 1) ||
