@@ -8,7 +8,9 @@
 // head, x 64 columns, one TMA box); a producer thread keeps a ring of blocks
 // in flight per CTA through cp.async.bulk.tensor + mbarrier; 4 consumer warps
 // run mma.sync m16n8k16 with W as A (16 rows per warp) and x^T as B (tokens
-// padded to 8 or 16 by the TMA's zero fill). The weight does not depend on the
+// padded to 8 or 16 by the TMA's zero fill), and in the cluster kernel give a
+// stage back as soon as its fragments are in registers (their MMAs are on the
+// critical path: bench/NOTES-qkv_front.md v7). The weight does not depend on the
 // previous kernel, so the producer issues part of the ring before
 // griddepcontrol.wait (programmatic dependent launch); x, positions, slots and
 // every write come after it. The stream-K kernel stays under 113 KB of shared
@@ -21,8 +23,8 @@
 //   C = 3 CTAs per head (108 CTAs, one wave), each CTA one slice of K. The
 //   non-owner CTAs push their fp32 partials into the owner's shared memory
 //   with st.async (distributed shared memory, completing on the owner's
-//   mbarrier); the owner (rank 0, the first K slice, a little longer than the
-//   others so that the partials arrive while it still streams) sums them in
+//   mbarrier); the owner (rank 0, the first K slice, longer than the others
+//   so that the partials arrive while it still streams) sums them in
 //   rank (= K) order and runs the epilogue. No workspace round trip, no
 //   arrival counter, no second pass: the v2 stream-K kernel lost ~3.6 us to
 //   that global-memory merge at TP8 (bench/NOTES-qkv_front.md).
