@@ -733,18 +733,18 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
   for (int i = k_begin; i < k_end; ++i) {
     mbar_wait(smem_addr(&full[s]), phase);
     const uint32_t w_s = smem_addr(smem + s * L::kStageBytes);
-#ifndef MUSE_QKV_FRONT_DIAG_NO_MMA
     // The stage is free once its fragments are in registers; the MMAs run
     // while the producer refills it.
+#ifndef MUSE_QKV_FRONT_DIAG_NO_MMA
     BlockFrags<NT> f;
     load_block(f, w_s, w_s + kWBytes, a_row, a_chunk, b_row, b_chunk);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
-    mma_frags(chains, f);
 #else
     (void)w_s;
+#endif
     __syncwarp();
     if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+#ifndef MUSE_QKV_FRONT_DIAG_NO_MMA
+    mma_frags(chains, f);
 #endif
     if (++s == S) {
       s = 0;
@@ -918,12 +918,10 @@ int max_active_clusters(int nt, int ctas) {
   int n = 0;
   cudaError_t err;
   if (nt == 1) {
-    config.blockDim = dim3(kThreads);
     if ((err = prepare_cluster_kernel<1>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<1>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<1>, &config);
   } else {
-    config.blockDim = dim3(kThreads);
     if ((err = prepare_cluster_kernel<2>())) return -static_cast<int>(err);
     config.dynamicSmemBytes = ClusterLayout<2>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<2>, &config);
