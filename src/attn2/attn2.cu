@@ -1161,7 +1161,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
                     ov[k].w != 0u;
         }
       }
-      if (__all_sync(0xFFFFFFFFu, written)) break;  // the merger warps are whole (rows of 16 lanes)
+      const bool all_written = __all_sync(0xFFFFFFFFu, written);  // the merger warps are whole (rows of 16 lanes)
+#ifdef MUSE_ATTN2_TRACE
+      if (threadIdx.x == 0) {  // polls of the merger's first warp, and when the first one returned
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(static_cast<int>(all_written)));
+        if (g_ring[trace_slot][20]++ == 0) g_ring[trace_slot][21] = t;
+      }
+#endif
+      if (all_written) break;
     }
     // The round's slots back to "not written" for the next launch, now, so
     // that these stores drain while the merge and the output run.

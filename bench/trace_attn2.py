@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Reads the per-CTA trace rings the attn2 C++ bench dumps under -DMUSE_ATTN2_TRACE
+(variant token `trace`, TRACE_ROOT in attn2_device.sh) and prints where a call's
+time goes: per phase, the earliest, median and latest CTA, in us from the end of
+the call before (its last CTA's exit), median over the steady-state calls.
+
+  python3 bench/trace_attn2.py TRACE.bin GRID_CTAS
+
+A call's CTAs all enter before the next call's first one (the next launch
+starts once every CTA has passed griddepcontrol.launch_dependents or left),
+so in entry order the calls are consecutive runs of GRID_CTAS records.
+"""
+import statistics
+import struct
+import sys
+
+PHASES = [  # record index, name (see PROBE / TRACE in src/attn2/attn2.cu)
+    (0, "entry"), (2, "L read"), (3, "past wait"), (4, "Q staged"), (5, "tile 0 ready"),
+    (6, "key loop done"), (19, "state in smem"), (7, "cluster synced"), (15, "cluster merged"),
+    (16, "partial stored"), (17, "ticket taken"), (21, "merger 1st poll"), (18, "merger loaded"), (9, "out stored"), (11, "exit"),
+]
+
+
+def main():
+    path, grid = sys.argv[1], int(sys.argv[2])
+    data = open(path, "rb").read()
+    recs = [struct.unpack_from("<24Q", data, k * 192) for k in range(len(data) // 192)]
+    recs.sort(key=lambda r: r[14])
+    ncalls = len(recs) // grid
+    # The ring may start mid-call: align on the sequence numbers.
+    start = (grid - recs[0][14] % grid) % grid
+    calls = [recs[start + c * grid:start + (c + 1) * grid] for c in range((len(recs) - start) // grid)]
+    calls = [c for c in calls if len(c) == grid]
+    if len(calls) < 4:
+        sys.exit(f"{path}: only {len(calls)} whole calls")
+    per_phase = {i: ([], [], []) for i, _ in PHASES}
+    periods = []
+    for prev, cur in zip(calls[1:-1], calls[2:]):
+        e_prev = max(r[11] for r in prev)
+        periods.append((max(r[11] for r in cur) - e_prev) / 1e3)
+        for i, _ in PHASES:
+            ts = sorted((r[i] - e_prev) / 1e3 for r in cur if r[i] != 0)
+            if ts:
+                per_phase[i][0].append(ts[0])
+                per_phase[i][1].append(ts[len(ts) // 2])
+                per_phase[i][2].append(ts[-1])
+    med = statistics.median
+    polls = [r[20] for c in calls[2:] for r in c if r[20]]
+    if polls:
+        print(f"# merger polls (thread 0's warp): mean {statistics.mean(polls):.2f}, max {max(polls)}, "
+              f"histogram {dict(sorted((k, polls.count(k)) for k in set(polls)))}")
+    print(f"# {path}: {len(calls)} calls of {grid} CTAs; period (last exit to last exit) "
+          f"median {med(periods):.2f} us, min {min(periods):.2f}, max {max(periods):.2f}")
+    print(f"# {'phase':16s} {'first':>7s} {'median':>7s} {'last':>7s}   (us after the previous call's last exit)")
+    for i, name in PHASES:
+        a, b, c = per_phase[i]
+        if a:
+            print(f"  {name:16s} {med(a):7.2f} {med(b):7.2f} {med(c):7.2f}   ({len(a)} calls)")
+
+
+if __name__ == "__main__":
+    main()
