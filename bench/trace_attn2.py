@@ -15,16 +15,17 @@ import struct
 import sys
 
 PHASES = [  # record index, name (see PROBE / TRACE in src/attn2/attn2.cu)
-    (0, "entry"), (2, "L read"), (3, "past wait"), (4, "Q staged"), (5, "tile 0 ready"),
+    (0, "entry"), (2, "L read"), (3, "past wait"), (4, "Q staged"), (5, "tile 0 ready"), (24, "tile 0: S done"), (25, "tile 0: softmax"), (22, "tile 1 ready"), (23, "tile 2 ready"),
+    (26, "last P V done"), (27, "both halves done"),
     (6, "key loop done"), (19, "state in smem"), (7, "cluster synced"), (15, "cluster merged"),
-    (16, "partial stored"), (17, "ticket taken"), (21, "merger 1st poll"), (18, "merger loaded"), (9, "out stored"), (11, "exit"),
+    (16, "partial stored"), (17, "ticket/tag"), (21, "merger 1st poll/tags"), (18, "merger loaded"), (9, "out stored"), (11, "exit"),
 ]
 
 
 def main():
     path, grid = sys.argv[1], int(sys.argv[2])
     data = open(path, "rb").read()
-    recs = [struct.unpack_from("<24Q", data, k * 192) for k in range(len(data) // 192)]
+    recs = [struct.unpack_from("<32Q", data, k * 256) for k in range(len(data) // 256)]
     recs.sort(key=lambda r: r[14])
     ncalls = len(recs) // grid
     # The ring may start mid-call: align on the sequence numbers.

@@ -346,6 +346,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
     m_run[r] = m_new;
     l_run[r] *= alpha[r];
   }
+#ifdef MUSE_ATTN2_DIAG_NO_EXP  // timing only (wrong results): the scores' exp2 replaced by one FMA
+#define fast_exp2(x) fmaf((x), 1e-3f, 0.5f)
+#endif
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
@@ -355,6 +358,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
     l_run[0] += s[t][0] + s[t][1];
     l_run[1] += s[t][2] + s[t][3];
   }
+#ifdef MUSE_ATTN2_DIAG_NO_EXP
+#undef fast_exp2
+#endif
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -386,13 +392,18 @@ __device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
 // CTA wrote needs to be seen by the others, so no release (which would wait
 // for this CTA's outstanding global stores as well).
 __device__ __forceinline__ void cluster_arrive() {
-#if MUSE_ATTN2_RELAXED_ARRIVE
+#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE == 1
+#elif MUSE_ATTN2_RELAXED_ARRIVE
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #else
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() {
+#if !defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) || MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 1
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
 
 #if MUSE_ATTN2_TICKET_MERGE
 // The split path's partials in the workspace, for the ticket merge: every
@@ -478,14 +489,14 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 // to a ring (phase stamps, exit, SM, CTA, block table, sequence number).
 #ifdef MUSE_ATTN2_TRACE
 constexpr int kTraceRing = 16384;
-__device__ unsigned long long g_ring[kTraceRing][24];
+__device__ unsigned long long g_ring[kTraceRing][32];
 __device__ unsigned int g_ring_n;
 #define TRACE(i)                                                                                   \
   if (threadIdx.x == 0) {                                                                          \
     if ((i) == 0) {                                                                                \
       const unsigned seq_ = atomicAdd(&g_ring_n, 1u);                                              \
       trace_slot = seq_ % kTraceRing;                                                              \
-      for (int k_ = 1; k_ < 24; ++k_) g_ring[trace_slot][k_] = 0;                                  \
+      for (int k_ = 1; k_ < 32; ++k_) g_ring[trace_slot][k_] = 0;                                  \
       unsigned smid_;                                                                              \
       asm volatile("mov.u32 %0, %%smid;" : "=r"(smid_));                                          \
       g_ring[trace_slot][10] = smid_;                                                              \
@@ -735,6 +746,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       const int g = vme + it * wgs;
       const int s = kh * kWgStages + it % kWgStages;
       mbar_wait(&full_bar[s], (it / kWgStages) & 1);
+#ifdef MUSE_ATTN2_TRACE
+      if (it == 1) TRACE(22);  // when warpgroup 0's tiles 1 and 2 landed
+      if (it == 2) TRACE(23);
+#endif
       key0 = (first_page + g * kTilePages) * kPageSize;
       if (key0 + kTileKeys > L) {
         // Keys past L may hold anything (NaN; pages past the last are not
@@ -797,8 +812,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       issue_s(s);
       wgmma_wait<0>();
       pin(s_acc);
+      TRACE(24);
       softmax(key0, masked, alpha);
       rescale_and_pack(alpha);
+      TRACE(25);
       auto release = [&](int it, int st) {
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty_bar[st]);
@@ -826,6 +843,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       pin(o);
       pin_a(pa);
       release(my_tiles - 1, s);
+      TRACE(26);
     }
     // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).
 #pragma unroll
@@ -997,6 +1015,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   float4* xchg = reinterpret_cast<float4*>(smem + kRows * kMergeStride * 4);
   constexpr int kHalfThreads = kRowWarps * 32;
   if (kKeySplit == 2) __syncthreads();  // the first half may still read the last stage
+  TRACE(27);
   if (kKeySplit == 2 && kh == 1) {
     const int t = threadIdx.x - kHalfThreads;
 #pragma unroll
@@ -1049,12 +1068,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   }
   TRACE(19);
+
+#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 2
+  // timing only (wrong results): 1 no cluster barrier and no merge (each CTA keeps its own
+  // rows' state), 2 the barrier but no merge, 3 the merge's loads without the barrier before them
+  __syncthreads();
+#else
   cluster.sync();
+#endif
   PROBE(7);
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float m_all = -INFINITY, l_all = 0.0f;
+#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
+  if (merger) {
+    const float4 own = *reinterpret_cast<const float4*>(merge_o + row * kMergeStride + d);
+    acc[0] = own.x, acc[1] = own.y, acc[2] = own.z, acc[3] = own.w;
+    m_all = s_m[row];
+    l_all = s_l[row];
+  }
+#else
   if (merger) {
     // Every remote load first (one distributed-shared-memory round trip, not
     // one per CTA): the row's 16 threads each load 4 columns of O from every
@@ -1086,6 +1120,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       acc[3] += w * ok[k].w;
     }
   }
+#endif
   TRACE(15);
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
@@ -1341,9 +1376,9 @@ extern "C" void muse_attn2_print_probe() {
 #endif
 
 #ifdef MUSE_ATTN2_TRACE
-// Writes the ring, oldest record first, as raw 24 x u64 records.
+// Writes the ring, oldest record first, as raw 32 x u64 records.
 extern "C" void muse_attn2_dump_trace(const char* path) {
-  static unsigned long long h[kTraceRing][24];
+  static unsigned long long h[kTraceRing][32];
   unsigned int n = 0;
   if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, g_ring, sizeof(h)) != cudaSuccess ||
       cudaMemcpyFromSymbol(&n, g_ring_n, sizeof(n)) != cudaSuccess)
