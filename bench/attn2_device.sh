@@ -14,6 +14,8 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
+            # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
+            # cluster works even where the grid fills the GPU),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
             # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
@@ -29,8 +31,10 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
+      mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0";;
+      il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
-      ncm[0-9]) f="$f -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
+      ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

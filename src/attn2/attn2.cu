@@ -80,6 +80,19 @@ constexpr int kSlotBytes = kPageBytes + 16;                // staggered by one b
 constexpr int kStageBytes = kGroupPages * kSlotBytes;      // 32896
 constexpr int kSmemBytes = kStages * kStageBytes;          // 98688: two CTAs per SM
 constexpr int kMergeStride = kHeadDim + 4;                 // floats per merge row (16-byte aligned, fewer conflicts)
+// The cluster merge reads each CTA's O from the others' shared memory: in
+// fp32 that is 16 KB per CTA, and the SM-to-SM network moves only ~15-20
+// bytes per clock and SM (bench/micro/dsmem.cu: attn2's pattern takes 1.1 us
+// at 224 CTAs, 0.8 with half the bytes). So a CTA leaves its O there in fp16,
+// each row scaled by a power of 2 that brings its largest |O| into [1, 2)
+// (exact; the row's 2^e goes beside m and l): 2^-11 relative to the row's
+// largest value, whatever the magnitude of V. MUSE_ATTN2_MERGE_F16=0: fp32.
+#ifndef MUSE_ATTN2_MERGE_F16
+#define MUSE_ATTN2_MERGE_F16 1
+#endif
+#if MUSE_ATTN2_MERGE_F16
+constexpr int kMergeStrideH = kHeadDim + 8;                // halves per fp16 merge row (144 B: conflict-free stores)
+#endif
 constexpr int kQStride = kHeadDim + 8;                     // bf16 per Q row in shared memory: 144 B, conflict-free ldmatrix
 // log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
 constexpr float kScaleLog2 = static_cast<float>(0.6841258107984375 * 1.4426950408889634);
@@ -146,7 +159,7 @@ constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWg
 constexpr int kBarriers = 2 * kWgStages > kStages ? 2 * kWgStages : kStages;
 static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= 2 * kWgStages * kWgStageBytes,
               "the merge area and the warpgroup exchange reuse the stages");
-static_assert(2 * (kDynSmemBytes + 2048 + 1024) <= 228 * 1024,
+static_assert(2 * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
               "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
@@ -374,11 +387,15 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
+#if MUSE_ATTN2_MERGE_F16
+__device__ __forceinline__ float4 ld_cluster_f16x4(uint32_t addr) {
+  uint32_t lo, hi;
+  asm volatile("ld.shared::cluster.v2.b32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "r"(addr) : "memory");
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  return make_float4(a.x, a.y, b.x, b.y);
 }
+#endif
 __device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -447,6 +464,19 @@ __device__ __forceinline__ void wait_for_producer() {
 }
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// A grid that fills the GPU exactly has its last cluster placed last: after
+// the kernel before has drained, under PDL 3-4 us after the others (TP8,
+// 14 clusters of 16; the trace in bench/NOTES-attn2.md), and its loads then
+// queue behind everyone's tile copies. Where every slice would be in use, that
+// cluster's pair takes one slice fewer and it leaves at once (host: idle_last).
+// Depends only on the deployment and L: the merge order stays fixed.
+#ifndef MUSE_ATTN2_IDLE_LAST
+#define MUSE_ATTN2_IDLE_LAST 1  // 0: ignore the host's idle_last (A/B)
+#endif
+__device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req) {
+  return MUSE_ATTN2_IDLE_LAST && p.idle_last && active == p.num_splits && active > 2 && kvh == p.num_kv_heads - 1 && req == p.num_reqs - 1;
 }
 
 // One slice's partial (m in the log2 domain, l, 4 columns of O) into the
@@ -535,8 +565,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full_bar[kBarriers];
   __shared__ uint64_t empty_bar[kBarriers];
-  __shared__ float s_m[kRows];
-  __shared__ float s_l[kRows];
+  __shared__ float4 s_mls[kRows];  // per row: m (log2 domain), l, 2^e of its fp16 O (1 in fp32), -: one remote load
   __shared__ int s_bad;
   __shared__ int s_last;
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
@@ -656,6 +685,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
   active = max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
+  if (idle_last_cluster(p, active, kvh, req)) active -= 1;
   if (split >= active) {  // the whole cluster leaves: it shares nothing with the others
     TRACE(11);
     return;
@@ -859,6 +889,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // round trip; from L = 32k on all 15 of TP8). Depends on L only: every
   // cluster agrees, and the merge order stays fixed.
   active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
+  if (idle_last_cluster(p, active, kvh, req)) active -= 1;
   if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
   const int ctas = active * kCluster;
   const int my_groups = num_groups > me ? (num_groups - 1 - me) / ctas + 1 : 0;
@@ -1057,18 +1088,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = rw * 16 + r * 8 + lane / 4;  // = head * 8 + token
+#if MUSE_ATTN2_MERGE_F16
+      // The row's largest |O| (its 4 lanes), its exponent e clamped to the
+      // normal range: O * 2^-e in fp16, 2^e beside m and l.
+      float mx = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(fabsf(o[n][2 * r]), fabsf(o[n][2 * r + 1])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      const int e = mx > 0.0f ? min(127, max(-126, static_cast<int>((__float_as_uint(mx) >> 23) & 0xFF) - 127)) : 0;
+      const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(merge_o) + row * kMergeStrideH + n * 8 + (lane % 4) * 2) =
+            __floats2half2_rn(o[n][2 * r] * down, o[n][2 * r + 1] * down);
+      const float up = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+#else
 #pragma unroll
       for (int n = 0; n < 8; ++n)
         *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
             make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      if (lane % 4 == 0) {
-        s_m[row] = m_run[r] * kScaleLog2;  // the merges work in the log2 domain
-        s_l[row] = nan_rows ? NAN : l_run[r];
-      }
+#endif
+#if !MUSE_ATTN2_MERGE_F16
+      const float up = 1.0f;
+#endif
+      if (lane % 4 == 0)  // the merges work in the log2 domain
+        s_mls[row] = make_float4(m_run[r] * kScaleLog2, nan_rows ? NAN : l_run[r], up, 0.0f);
     }
   }
   TRACE(19);
 
+#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_MERGE_F16
+#error "the timing-only MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE builds read the fp32 state: add -DMUSE_ATTN2_MERGE_F16=0"
+#endif
 #if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 2
   // timing only (wrong results): 1 no cluster barrier and no merge (each CTA keeps its own
   // rows' state), 2 the barrier but no merge, 3 the merge's loads without the barrier before them
@@ -1085,8 +1137,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (merger) {
     const float4 own = *reinterpret_cast<const float4*>(merge_o + row * kMergeStride + d);
     acc[0] = own.x, acc[1] = own.y, acc[2] = own.z, acc[3] = own.w;
-    m_all = s_m[row];
-    l_all = s_l[row];
+    m_all = s_mls[row].x;
+    l_all = s_mls[row].y;
   }
 #else
   if (merger) {
@@ -1096,23 +1148,27 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // the weights then go round by shuffles. The rank order of the sums is fixed.
     const int j = threadIdx.x % 16;
     float4 ok[kCluster];
+#if MUSE_ATTN2_MERGE_F16
+    const uint32_t o_addr = smem_addr(reinterpret_cast<const __half*>(merge_o) + row * kMergeStrideH + d);
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_f16x4(map_rank(o_addr, k));
+#else
     const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, k));
-    float mj = -INFINITY, lj = 0.0f;
-    if (j < kCluster) {
-      mj = ld_cluster_f32(map_rank(smem_addr(&s_m[row]), j));
-      lj = ld_cluster_f32(map_rank(smem_addr(&s_l[row]), j));
-    }
-    m_all = mj;
+#endif
+    float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
+    if (j < kCluster) mlj = ld_cluster_v4(map_rank(smem_addr(&s_mls[row]), j));
+    m_all = mlj.x;
 #pragma unroll
     for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
-    const float wj = mj == -INFINITY ? 0.0f : fast_exp2(mj - m_all);
-    const float wlj = wj * lj;
+    const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
+    const float wlj = wj * mlj.y;
+    const float wo = wj * mlj.z;  // CTA j's O weight: its softmax weight times its row's 2^e
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
       const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
-      const float w = __shfl_sync(0xFFFFFFFFu, wj, src);
+      const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
       l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
       acc[0] += w * ok[k].x;
       acc[1] += w * ok[k].y;
@@ -1399,6 +1455,9 @@ int attn2_set_kernel_attributes(int* short_cluster_size) {
   // Clusters of 16 are non-portable: take them only where the GPU can place one.
   *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
   return 0;
+}
+int attn2_resident_ctas(int cluster_size) {
+  return cluster_size == 8 ? 8 * max_active_clusters<8>() : cluster_size == 16 ? 16 * max_active_clusters<16>() : 0;
 }
 int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   cudaError_t err = cudaErrorInvalidValue;

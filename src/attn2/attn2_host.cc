@@ -226,6 +226,7 @@ namespace {
 constexpr int kMaxDevices = 64;
 std::mutex g_prepare_mutex;
 std::atomic<int> g_short_cluster[kMaxDevices];  // zero-initialised (static storage)
+std::atomic<int> g_resident_ctas[kMaxDevices][2];  // co-resident CTAs with clusters of 8 and of 16
 
 int resolve_device(int device) {
 #ifdef MUSE_DECODE_WITH_CUDA
@@ -251,6 +252,10 @@ void prepare_attn2(int device) {
 #endif
   int cluster = 0;
   const int err = detail::attn2_set_kernel_attributes(&cluster);
+  if (err == 0) {
+    g_resident_ctas[device][0].store(detail::attn2_resident_ctas(8));
+    g_resident_ctas[device][1].store(detail::attn2_resident_ctas(16));
+  }
 #ifdef MUSE_DECODE_WITH_CUDA
   if (previous != device) cudaSetDevice(previous);
 #endif
@@ -264,6 +269,9 @@ void attn2(const Attn2Args& args, Stream stream) {
   const int cluster = device < kMaxDevices ? g_short_cluster[device].load(std::memory_order_relaxed) : 0;
   if (cluster == 0) fail(cat("attn2 on cuda:", device, " needs prepare_attn2(", device, ") first"));
   if (p.cluster_size == 16) p.cluster_size = cluster;  // 8 where the GPU cannot place a cluster of 16
+  if (p.num_splits > 1)  // a split grid that fills the GPU exactly: its last cluster idles (see the kernel)
+    p.idle_last = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size ==
+                  g_resident_ctas[device][p.cluster_size == 16].load(std::memory_order_relaxed);
   if (int err = launch_attn2(p, stream))
     throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
 }
@@ -277,6 +285,7 @@ namespace muse_decode {
 int launch_attn2(const Attn2Params&, Stream) { return 801; }
 namespace detail {
 int attn2_set_kernel_attributes(int*) { return 801; }
+int attn2_resident_ctas(int) { return 0; }
 int attn2_occupancy(int, int*, int*) { return 801; }
 }  // namespace detail
 }  // namespace muse_decode
