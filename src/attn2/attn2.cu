@@ -7,9 +7,11 @@
 // 1-2 KV heads, else 8) owns one key slice of one (request, KV head); all
 // slices of that pair share its visible pages, round-robin from the
 // device-side length L, and the number of slices in use grows with L (every
-// CTA derives it from L alone). Each CTA keeps an online-softmax state
-// (m, l, unnormalised O) of all 64 rows; the cluster merges its C states
-// through distributed shared memory, CTA rank r merging rows [r*64/C, ...).
+// CTA derives it from L alone; where the grid fills the GPU exactly, the
+// grid's last cluster, placed last, takes none). Each CTA keeps an
+// online-softmax state (m, l, unnormalised O) of all 64 rows; the cluster
+// merges its C states through distributed shared memory (O in fp16, each row
+// scaled by a power of 2), CTA rank r merging rows [r*64/C, ...).
 // One slice: that CTA applies norm and gate and writes out. Several slices:
 // it writes its rows' partial to the workspace and takes a ticket on the
 // (pair, rank) counter; the slice with the last ticket merges every slice's
@@ -476,7 +478,8 @@ __device__ __forceinline__ void allow_dependents() {
 #define MUSE_ATTN2_IDLE_LAST 1  // 0: ignore the host's idle_last (A/B)
 #endif
 __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req) {
-  return MUSE_ATTN2_IDLE_LAST && p.idle_last && active == p.num_splits && active > 2 && kvh == p.num_kv_heads - 1 && req == p.num_reqs - 1;
+  return MUSE_ATTN2_IDLE_LAST && p.idle_last && active == p.num_splits && active > 2 &&
+         kvh == p.num_kv_heads - 1 && req == p.num_reqs - 1;
 }
 
 // One slice's partial (m in the log2 domain, l, 4 columns of O) into the
@@ -1108,8 +1111,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       for (int n = 0; n < 8; ++n)
         *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
             make_float2(o[n][2 * r], o[n][2 * r + 1]);
-#endif
-#if !MUSE_ATTN2_MERGE_F16
       const float up = 1.0f;
 #endif
       if (lane % 4 == 0)  // the merges work in the log2 domain
