@@ -293,6 +293,22 @@ TEST_F(Attn2Gpu, OneRequestSplitPath) {
   }
 }
 
+// The cluster merge keeps each CTA's O in fp16, every row scaled by a power
+// of 2: V far outside fp16's range (2^16 and 2^-20 times the usual values,
+// exact in bf16) must keep the accuracy of the usual case.
+TEST_F(Attn2Gpu, ValuesOutsideFp16Range) {
+  for (int e : {16, -20}) {
+    SCOPED_TRACE(::testing::Message() << "V x 2^" << e);
+    Problem p(2, {32773, 3000, 200}, 131072, std::nullopt, 400 + e);
+    const float scale = std::ldexp(1.0f, e);
+    for (size_t i = 0; i < p.cache.size(); ++i)
+      if (i % 128 >= 64 && p.cache[i] != kNaNBits) p.cache[i] = bf16(bf16f(p.cache[i]) * scale);
+    p.d_cache->upload(p.cache);
+    const double err = p.check(p.run());
+    std::printf("[ attn2    ] V x 2^%d, KVH 2, R 3, max_model_len 131072: max rel RMS %.2e\n", e, err);
+  }
+}
+
 TEST_F(Attn2Gpu, TwelveLengthsInOneCall) {
   Problem p(2, {8, 9, 15, 16, 17, 255, 2047, 2048, 2049, 4097, 32773, 131072}, 131072, std::nullopt, 7);
   const double err = p.check(p.run());
