@@ -97,7 +97,7 @@ std::optional<std::string> unsupported_attn2(const Attn2Layer& layer) {
 // Per-call checks.
 namespace {
 
-void require_rows(const TensorRef& t, const std::string& name, int64_t rows, int64_t width) {
+void require_rows(const TensorRef& t, std::string_view name, int64_t rows, int64_t width) {
   using namespace detail;
   require_present(t, name);
   require_dtype(t, name, DType::kBFloat16);

@@ -25,7 +25,7 @@ using Reason = std::optional<std::string>;
 
 // "<name> must be <expected>, got <actual>" as a reason.
 template <typename E, typename A>
-std::string expected_text(const std::string& name, const E& expected, const A& actual) {
+std::string expected_text(std::string_view name, const E& expected, const A& actual) {
   return cat(name, " must be ", expected, ", got ", actual);
 }
 
@@ -41,7 +41,7 @@ std::string strides_str(const TensorRef& t) {
 
 // The order of every tensor's checks: present, dtype, device, shape, strides,
 // alignment (FlashMLA's order).
-Reason tensor_basics(const TensorRef& t, const std::string& name, DType dtype, int device) {
+Reason tensor_basics(const TensorRef& t, std::string_view name, DType dtype, int device) {
   if (!t.present() || t.data == nullptr) return cat(name, " is missing (null data)");
   if (t.dtype != dtype) return expected_text(name, dtype_name(dtype), dtype_name(t.dtype));
   if (t.device < 0) return cat(name, " must be on a CUDA device, got host memory");
@@ -49,7 +49,7 @@ Reason tensor_basics(const TensorRef& t, const std::string& name, DType dtype, i
   return std::nullopt;
 }
 
-Reason aligned16(const TensorRef& t, const std::string& name) {
+Reason aligned16(const TensorRef& t, std::string_view name) {
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     return cat(name, " must be 16-byte aligned, got ", address_str(t.data));
   return std::nullopt;
@@ -57,7 +57,7 @@ Reason aligned16(const TensorRef& t, const std::string& name) {
 
 // A 2-D row-major view read or written 16 bytes at a time by row: unit column
 // stride, row stride a multiple of 8 elements and at least the row width.
-Reason rows16(const TensorRef& t, const std::string& name, int64_t width) {
+Reason rows16(const TensorRef& t, std::string_view name, int64_t width) {
   if (t.stride[1] != 1 && t.shape[1] > 1)
     return expected_text(name, "unit stride along columns", cat("stride ", t.stride[1]));
   if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
@@ -67,7 +67,7 @@ Reason rows16(const TensorRef& t, const std::string& name, int64_t width) {
   return aligned16(t, name);
 }
 
-Reason contiguous_1d(const TensorRef& t, const std::string& name, int64_t length, const char* what) {
+Reason contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
   if (t.ndim != 1 || t.shape[0] != length || (length > 1 && t.stride[0] != 1))
     return expected_text(name, cat("a contiguous [", length, "] (", what, ")"),
                          cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));

@@ -19,7 +19,7 @@ bool valid_tile_n(int tile_n) {
   }
 }
 
-static void require_tile_n(int tile_n, const std::string& name) {
+static void require_tile_n(int tile_n, std::string_view name) {
   if (!valid_tile_n(tile_n)) fail_expected(name, "one of 8, 16, 32, 64, 128, 256", tile_n);
 }
 
