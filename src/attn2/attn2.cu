@@ -1457,9 +1457,6 @@ int attn2_set_kernel_attributes(int* short_cluster_size) {
   *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
   return 0;
 }
-int attn2_resident_ctas(int cluster_size) {
-  return cluster_size == 8 ? 8 * max_active_clusters<8>() : cluster_size == 16 ? 16 * max_active_clusters<16>() : 0;
-}
 int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   cudaError_t err = cudaErrorInvalidValue;
   if (cluster_size == 8) {

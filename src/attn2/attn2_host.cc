@@ -252,9 +252,10 @@ void prepare_attn2(int device) {
 #endif
   int cluster = 0;
   const int err = detail::attn2_set_kernel_attributes(&cluster);
-  if (err == 0) {
-    g_resident_ctas[device][0].store(detail::attn2_resident_ctas(8));
-    g_resident_ctas[device][1].store(detail::attn2_resident_ctas(16));
+  for (int k = 0; err == 0 && k < 2; ++k) {  // co-resident CTAs with clusters of 8, of 16 (0 on error)
+    int blocks_per_sm = 0, clusters = 0;
+    if (detail::attn2_occupancy(8 << k, &blocks_per_sm, &clusters) == 0)
+      g_resident_ctas[device][k].store((8 << k) * clusters);
   }
 #ifdef MUSE_DECODE_WITH_CUDA
   if (previous != device) cudaSetDevice(previous);
@@ -285,7 +286,6 @@ namespace muse_decode {
 int launch_attn2(const Attn2Params&, Stream) { return 801; }
 namespace detail {
 int attn2_set_kernel_attributes(int*) { return 801; }
-int attn2_resident_ctas(int) { return 0; }
 int attn2_occupancy(int, int*, int*) { return 801; }
 }  // namespace detail
 }  // namespace muse_decode

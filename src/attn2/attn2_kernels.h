@@ -21,12 +21,9 @@ constexpr int64_t attn2_partial_bytes(int64_t partial_rows) { return partial_row
 // 8. Returns the CUDA error as int (801, not supported, in a build without CUDA).
 int attn2_set_kernel_attributes(int* short_cluster_size);
 
-// CTAs of the kernel with clusters of cluster_size (8 or 16) the device holds
-// at once, after attn2_set_kernel_attributes (0 on error).
-int attn2_resident_ctas(int cluster_size);
-
-// Diagnostics (benchmark): CTAs per SM and co-resident clusters of the kernel
-// with clusters of cluster_size (8 or 16), after attn2_set_kernel_attributes.
+// CTAs per SM and co-resident clusters of the kernel with clusters of
+// cluster_size (8 or 16), after attn2_set_kernel_attributes (prepare_attn2's
+// idle_last decision, and the benchmark's header).
 int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters);
 
 }  // namespace muse_decode::detail
