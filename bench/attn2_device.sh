@@ -15,7 +15,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
-            # cluster works even where the grid fills the GPU),
+            # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster takes N tiles per
+            # warpgroup fewer than the others; lt99: none, as in v12),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
             # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
@@ -33,6 +34,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
       mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
+      lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
       ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
       *) echo "unknown variant token $t" >&2; exit 2;;

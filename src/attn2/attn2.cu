@@ -8,7 +8,7 @@
 // slices of that pair share its visible pages, round-robin from the
 // device-side length L, and the number of slices in use grows with L (every
 // CTA derives it from L alone; where the grid fills the GPU exactly, the
-// grid's last cluster, placed last, takes none). Each CTA keeps an
+// grid's last cluster, placed last, takes fewer tiles, none at shorter L). Each CTA keeps an
 // online-softmax state (m, l, unnormalised O) of all 64 rows; the cluster
 // merges its C states through distributed shared memory (O in fp16, each row
 // scaled by a power of 2), CTA rank r merging rows [r*64/C, ...).
@@ -43,6 +43,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -141,6 +142,14 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #define MUSE_ATTN2_EARLY_TILES 1
 #endif
 [[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
+// How many tiles later than the others the grid's last cluster starts its
+// key loop under PDL (idle_last_cluster): it starts 2.5-3.5 us late, about two
+// tiles' worth at TP8 128k (2 us per tile and warpgroup by the trace).
+#ifndef MUSE_ATTN2_LATE_TILES
+#define MUSE_ATTN2_LATE_TILES 2
+#endif
+constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;
+
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
 #ifndef MUSE_ATTN2_RELAXED_ARRIVE
@@ -471,8 +480,10 @@ __device__ __forceinline__ void allow_dependents() {
 // A grid that fills the GPU exactly has its last cluster placed last: after
 // the kernel before has drained, under PDL 3-4 us after the others (TP8,
 // 14 clusters of 16; the trace in bench/NOTES-attn2.md), and its loads then
-// queue behind everyone's tile copies. Where every slice would be in use, that
-// cluster's pair takes one slice fewer and it leaves at once (host: idle_last).
+// queue behind everyone's tile copies. Where every slice would be in use
+// (host: idle_last), that cluster's warpgroups take kLateTiles fewer tiles
+// than the others (wgmma path), or none: its pair then takes one slice fewer
+// and it leaves at once (at shorter L, and always on the mma.sync path).
 // Depends only on the deployment and L: the merge order stays fixed.
 #ifndef MUSE_ATTN2_IDLE_LAST
 #define MUSE_ATTN2_IDLE_LAST 1  // 0: ignore the host's idle_last (A/B)
@@ -688,13 +699,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
   active = max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
-  if (idle_last_cluster(p, active, kvh, req)) active -= 1;
+  // The grid's last cluster, placed late (idle_last_cluster): its warpgroups
+  // take only the first late_rounds rounds of the round-robin, kLateTiles
+  // fewer than the others' whole rounds, and the tiles after those rounds go
+  // round-robin over the other warpgroups (wn of them). Where that leaves it
+  // nothing, its pair takes one slice fewer and the cluster leaves at once.
+  int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
+  if (idle_last_cluster(p, active, kvh, req)) {
+    const int q = num_tiles / (2 * active * kCluster) - kLateTiles;
+    if (q > 0)
+      late_rounds = q;
+    else
+      active -= 1;
+  }
   if (split >= active) {  // the whole cluster leaves: it shares nothing with the others
     TRACE(11);
     return;
   }
   const int wgs = 2 * active * kCluster;
-  const int my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
+  const int wn = late_rounds == INT_MAX ? wgs : wgs - 2 * kCluster;  // warpgroups past the late rounds
+  // This warpgroup's tile j (pair-relative index).
+  auto tile_of = [&](int j) { return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme; };
+  int my_tiles;
+  if (late_rounds == INT_MAX) {
+    my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
+  } else if (vme >= wn) {
+    my_tiles = late_rounds;  // (late_rounds * wgs <= num_tiles: every late round is whole)
+  } else {
+    const int rest = num_tiles - late_rounds * wgs;
+    my_tiles = late_rounds + (rest > vme ? (rest - 1 - vme) / wn + 1 : 0);
+  }
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
   // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -706,12 +740,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
   auto load_batch = [&](int b) {                // tiles b .. b + 7: lane -> tile b + lane / 4, page lane % 4
     const int t = b + lane / kTilePages;
-    const int pi = first_page + (vme + t * wgs) * kTilePages + lane % kTilePages;
+    const int pi = first_page + tile_of(t) * kTilePages + lane % kTilePages;
     return (t < my_tiles && pi <= last_page) ? bt[pi] : -1;
   };
   int ids = -1, ids_next = -1;
   auto issue = [&](int j) {  // tile j (this warpgroup's j-th) into its stage j % 3, which is free
-    const int g = vme + j * wgs;
+    const int g = tile_of(j);
     const int s = kh * kWgStages + j % kWgStages;
     int id;
     if (j == 0) {
@@ -748,14 +782,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     if (p.window != 0 && lane < kTilePages && my_tiles > 0 && first_page + vme * kTilePages + lane <= last_page)
       ids0 = bt[first_page + vme * kTilePages + lane];
     ids_next = load_batch(1);
-    while (issued < min(ring, kEarlyTiles) && first_page + (vme + issued * wgs + 1) * kTilePages - 1 < first_new_page)
+    while (issued < min(ring, kEarlyTiles) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
+    TRACE(28);
   }
   wait_for_producer();
   PROBE(3);
   load_q_and_gate();
   if (rw == 0)
     while (issued < ring) issue(issued++);
+  TRACE(29);
 
   // ---- Q tile, 128-byte swizzled: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16 ----
 #pragma unroll
@@ -776,7 +812,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const int wtid = threadIdx.x % 128;         // thread within the warpgroup
     // Tile it's stage once its copies have landed; V rows of keys past L zeroed.
     auto tile_ready = [&](int it, int& key0, bool& masked) {
-      const int g = vme + it * wgs;
+      const int g = tile_of(it);
       const int s = kh * kWgStages + it % kWgStages;
       mbar_wait(&full_bar[s], (it / kWgStages) & 1);
 #ifdef MUSE_ATTN2_TRACE

@@ -283,7 +283,7 @@ class Attn2Gpu : public ::testing::Test {
 }  // namespace
 
 TEST_F(Attn2Gpu, OneRequestSplitPath) {
-  for (int L : {8, 9, 17, 2048, 2049, 4097, 32773, 131072}) {
+  for (int L : {8, 9, 17, 2048, 2049, 4097, 32773, 57349, 131072}) {
     SCOPED_TRACE(::testing::Message() << "L = " << L);
     Problem p(2, {L}, 131072, std::nullopt, 100 + L);
     ASSERT_EQ(p.splits, md::attn2_splits(131072, 0, 2));

@@ -1,0 +1,157 @@
+// How fast attn2's page copies can stream, with no compute behind them: every
+// CTA copies tiles of 4 random pages (one KV head of the [pages, 2, 16, 128]
+// bf16 cache, 16 KB a tile) through a ring of shared-memory stages, the
+// consumer releasing each stage as soon as it has landed. Modes:
+//   tma2  two 2 KB tensor boxes per page (K, then V; attn2 up to v12),
+//   tma1  one 4 KB tensor box per page (K and V of each 8 keys interleaved),
+//   bulk  one 4 KB cp.async.bulk per page (contiguous).
+// Cache larger than the L2 (random pages over 2 GB) or L2-resident (16 MB).
+// Prints TB/s and bytes per clock and SM for grids of 112 / 132 SMs, 1 or 2
+// CTAs per SM, and ring depths.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+constexpr int kPageBytes = 16 * 256, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kKvh = 2;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar), "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t hash(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+// mode 0 tma2, 1 tma1, 2 bulk
+__global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_constant__ CUtensorMap map1,
+                       const char* cache, int pages, int tiles, int stages, int mode, unsigned seed) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ uint64_t full[16];
+  const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+  const int kvh = blockIdx.x % kKvh;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  auto issue = [&](int t) {
+    const int s = t % stages;
+    const uint32_t bar = smem_u32(&full[s]);
+    if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kTileBytes) : "memory");
+    __syncwarp();
+    if (lane < kTilePages) {
+      const int page = static_cast<int>(hash(seed ^ (blockIdx.x * 7919u + t * 131u + lane)) % static_cast<uint32_t>(pages));
+      const uint32_t dst = base + s * kTileBytes + lane * kPageBytes;
+      if (mode == 0) {
+        for (int h = 0; h < 2; ++h)
+          asm volatile(
+              "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(
+                  dst + h * 2048),
+              "l"(&map2), "r"(0), "r"(h), "r"(0), "r"(kvh), "r"(page), "r"(bar)
+              : "memory");
+      } else if (mode == 1) {
+        asm volatile(
+            "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(
+                dst),
+            "l"(&map1), "r"(0), "r"(0), "r"(0), "r"(0), "r"(page * kKvh + kvh), "r"(bar)
+            : "memory");
+      } else {
+        const char* src = cache + (static_cast<int64_t>(page) * kKvh + kvh) * kPageBytes;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                     "l"(src), "r"(kPageBytes), "r"(bar)
+                     : "memory");
+      }
+    }
+  };
+  for (int t = 0; t < tiles; ++t) {
+    if (t >= stages) mbar_wait(smem_u32(&full[t % stages]), ((t - stages) / stages) & 1);
+    issue(t);
+  }
+  for (int t = max(0, tiles - stages); t < tiles; ++t) mbar_wait(smem_u32(&full[t % stages]), (t / stages) & 1);
+}
+
+int main() {
+  int dev = 0, sms = 0, clk_khz = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev);
+  const int64_t big_pages = 262144;  // 2 GB
+  char* cache = nullptr;
+  if (cudaMalloc(&cache, big_pages * kKvh * kPageBytes) != cudaSuccess) return 1;
+  cudaMemset(cache, 0, big_pages * kKvh * kPageBytes);
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000, cudaEnableDefault, &q);
+  if (!encode) return 1;
+  CUtensorMap map2, map1;
+  {  // (64 elements, K|V, key, KV head, page): 2 KB boxes
+    const cuuint64_t dims[5] = {64, 2, 16, kKvh, static_cast<cuuint64_t>(big_pages)};
+    const cuuint64_t strides[4] = {128, 256, kPageBytes, static_cast<cuuint64_t>(kKvh) * kPageBytes};
+    const cuuint32_t box[5] = {64, 1, 16, 1, 1}, es[5] = {1, 1, 1, 1, 1};
+    if (encode(&map2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, cache, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return 2;
+  }
+  {  // (64 elements, key in 8, K|V, key group, page x KV head): one 4 KB box
+    const cuuint64_t dims[5] = {64, 8, 2, 2, static_cast<cuuint64_t>(big_pages) * kKvh};
+    const cuuint64_t strides[4] = {256, 128, 2048, kPageBytes};
+    const cuuint32_t box[5] = {64, 8, 2, 2, 1}, es[5] = {1, 1, 1, 1, 1};
+    if (encode(&map1, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, cache, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      std::printf("tma1 map: encode failed\n");
+      return 3;
+    }
+  }
+  cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const char* names[3] = {"tma2", "tma1", "bulk"};
+  std::printf("SMs %d, clock %.2f GHz\n", sms, clk_khz / 1e6);
+  std::printf("%-5s %-6s %5s %6s %6s %8s %8s %10s\n", "mode", "cache", "SMs", "CTA/SM", "stages", "us", "TB/s", "B/clk/SM");
+  for (int hot = 0; hot < 2; ++hot)
+    for (int used : {112, sms})
+      for (int per_sm : {1, 2})
+        for (int stages : {3, 6, 12})
+          for (int mode = 0; mode < 3; ++mode) {
+            if (per_sm * stages * kTileBytes > 220 * 1024) continue;
+            const int grid = used * per_sm;
+            const int smem = stages * kTileBytes + 1024;
+            // per_sm == 2 needs two CTAs to fit; one CTA per SM: make it take the whole SM
+            const int smem_req = per_sm == 1 ? std::max(smem, 120 * 1024) : smem;
+            const int pages = hot ? 2048 : static_cast<int>(big_pages);
+            const int tiles = 192;
+            std::vector<float> ts;
+            for (int r = 0; r < 7; ++r) {
+              cudaEventRecord(e0);
+              stream<<<grid, 64, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 1234u + r * 77u);
+              cudaEventRecord(e1);
+              cudaEventSynchronize(e1);
+              float ms = 0;
+              cudaEventElapsedTime(&ms, e0, e1);
+              ts.push_back(ms * 1e3f);
+            }
+            if (cudaGetLastError() != cudaSuccess) {
+              std::printf("launch failed (%s)\n", names[mode]);
+              return 4;
+            }
+            std::sort(ts.begin(), ts.end());
+            const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
+            std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, per_sm, stages,
+                        us, bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
+          }
+  return 0;
+}
