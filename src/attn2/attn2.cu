@@ -148,7 +148,7 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_LATE_TILES
 #define MUSE_ATTN2_LATE_TILES 2
 #endif
-constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;
+[[maybe_unused]] constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;  // (the mma.sync path never uses it)
 
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
