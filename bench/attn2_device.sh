@@ -17,6 +17,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster takes N tiles per
             # warpgroup fewer than the others; lt99: none, as in v12),
+            # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
             # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
@@ -32,11 +33,12 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
-      mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0";;
+      mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
+      pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
-      ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
+      ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

@@ -150,6 +150,26 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #endif
 [[maybe_unused]] constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;  // (the mma.sync path never uses it)
 
+// The cluster merge pushes instead of pulling: each CTA arrives on the
+// cluster barrier as soon as its key loop is done (its stages are free), and
+// once every CTA has arrived it stores each row of its state into the owning
+// CTA's receive area with st.async, which completes on the owner's mbarrier.
+// One one-way trip over the SM-to-SM network instead of a barrier round and a
+// load round trip, the barrier's wait overlapping the halves' merge, and no
+// barrier before exit (nobody reads another CTA's shared memory).
+// MUSE_ATTN2_PUSH_MERGE=0 (token pm0): the pull merge of v12.
+#ifndef MUSE_ATTN2_PUSH_MERGE
+#define MUSE_ATTN2_PUSH_MERGE 1
+#endif
+#if MUSE_ATTN2_PUSH_MERGE && (!MUSE_ATTN2_MERGE_F16 || defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE))
+#error "the push merge sends the fp16 state: add -DMUSE_ATTN2_PUSH_MERGE=0 for fp32 or the timing-only builds"
+#endif
+// Receive area (in the stages, past the merge and key-half exchange areas):
+// per source rank and owned row, 64 halves of O, then per (rank, row) m, l, 2^e.
+constexpr int kRecvOffset = 36 * 1024;
+constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 / C rows
+static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= kRecvOffset, "receive area past the exchange");
+
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
 #ifndef MUSE_ATTN2_RELAXED_ARRIVE
@@ -170,6 +190,8 @@ constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWg
 constexpr int kBarriers = 2 * kWgStages > kStages ? 2 * kWgStages : kStages;
 static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= 2 * kWgStages * kWgStageBytes,
               "the merge area and the warpgroup exchange reuse the stages");
+static_assert(kRecvOffset + kRecvBytes <= kSmemBytes && kRecvOffset + kRecvBytes + 1024 <= 2 * kWgStages * kWgStageBytes,
+              "the receive area lies in the stages of both paths");
 static_assert(2 * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
               "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
@@ -398,6 +420,7 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
+#if !MUSE_ATTN2_PUSH_MERGE  // the pull merge's remote loads
 #if MUSE_ATTN2_MERGE_F16
 __device__ __forceinline__ float4 ld_cluster_f16x4(uint32_t addr) {
   uint32_t lo, hi;
@@ -415,12 +438,24 @@ __device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
                : "memory");
   return v;
 }
+#endif
+#if MUSE_ATTN2_PUSH_MERGE
+// 16 bytes into CTA `rank`'s shared memory at `addr` (this CTA's address of
+// the same spot), completing `bytes` on that CTA's mbarrier at `bar`.
+__device__ __forceinline__ void push_v4(uint32_t addr, uint4 v, uint32_t bar, int rank) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   map_rank(addr, rank)),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(map_rank(bar, rank))
+               : "memory");
+}
+#endif
 // Arrival on the cluster barrier after the last read of the other CTAs'
 // shared memory: those loads have returned their values, and nothing this
 // CTA wrote needs to be seen by the others, so no release (which would wait
 // for this CTA's outstanding global stores as well).
+// (The push merge reads no other CTA's shared memory: both are empty there.)
 __device__ __forceinline__ void cluster_arrive() {
-#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE == 1
+#if MUSE_ATTN2_PUSH_MERGE || (defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE == 1)
 #elif MUSE_ATTN2_RELAXED_ARRIVE
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #else
@@ -428,7 +463,7 @@ __device__ __forceinline__ void cluster_arrive() {
 #endif
 }
 __device__ __forceinline__ void cluster_wait() {
-#if !defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) || MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 1
+#if !MUSE_ATTN2_PUSH_MERGE && (!defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) || MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 1)
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
@@ -582,6 +617,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   __shared__ float4 s_mls[kRows];  // per row: m (log2 domain), l, 2^e of its fp16 O (1 in fp32), -: one remote load
   __shared__ int s_bad;
   __shared__ int s_last;
+  __shared__ uint64_t recv_bar;  // the push merge: every rank's rows of this CTA landed
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -616,7 +652,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
 #endif
     s_bad = 0;
+    mbar_init(&recv_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (MUSE_ATTN2_PUSH_MERGE) mbar_arrive_expect_tx(&recv_bar, kRecvBytes);  // phase 0 ends when they all landed
   }
   __syncthreads();
   PROBE(1);
@@ -1085,6 +1123,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   float4* xchg = reinterpret_cast<float4*>(smem + kRows * kMergeStride * 4);
   constexpr int kHalfThreads = kRowWarps * 32;
   if (kKeySplit == 2) __syncthreads();  // the first half may still read the last stage
+#if MUSE_ATTN2_PUSH_MERGE
+  // Every stage consumed (wgmma and TMA done with it): the receive area may be
+  // written. Release: the barrier init before it is seen by the senders.
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
   TRACE(27);
   if (kKeySplit == 2 && kh == 1) {
     const int t = threadIdx.x - kHalfThreads;
@@ -1158,19 +1201,78 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_MERGE_F16
 #error "the timing-only MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE builds read the fp32 state: add -DMUSE_ATTN2_MERGE_F16=0"
 #endif
-#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 2
+#if MUSE_ATTN2_PUSH_MERGE
+  __syncthreads();  // this CTA's rows (fp16 O, m, l, 2^e) all in shared memory
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA past its key loop
+  PROBE(7);
+  {
+    // Row r to rank r / kMergeRows, at (source rank, r % kMergeRows): 8 chunks
+    // of 16 bytes of O per row, then one of m, l, 2^e.
+    const uint32_t recv = smem_addr(smem + kRecvOffset), bar = smem_addr(&recv_bar);
+    const __half* own_o = reinterpret_cast<const __half*>(merge_o);
+    for (int c = threadIdx.x; c < kRows * 8; c += kThreads) {
+      const int r = c / 8, q = c % 8;
+      const uint4 v = *reinterpret_cast<const uint4*>(own_o + r * kMergeStrideH + q * 8);
+      push_v4(recv + ((rank * kMergeRows + r % kMergeRows) * kHeadDim + q * 8) * 2, v, bar, r / kMergeRows);
+    }
+    if (threadIdx.x < kRows) {
+      const int r = threadIdx.x;
+      const float4 v = s_mls[r];
+      push_v4(recv + kRows * kHeadDim * 2 + (rank * kMergeRows + r % kMergeRows) * 16,
+              make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z), __float_as_uint(v.w)), bar,
+              r / kMergeRows);
+    }
+  }
+#elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 2
   // timing only (wrong results): 1 no cluster barrier and no merge (each CTA keeps its own
   // rows' state), 2 the barrier but no merge, 3 the merge's loads without the barrier before them
   __syncthreads();
 #else
   cluster.sync();
 #endif
+#if !MUSE_ATTN2_PUSH_MERGE
   PROBE(7);
+#endif
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float m_all = -INFINITY, l_all = 0.0f;
-#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
+#if MUSE_ATTN2_PUSH_MERGE
+  if (merger) {
+    // Every rank's piece of this row from the receive area, once all landed;
+    // then the same sums as the pull merge, in rank order.
+    mbar_wait(&recv_bar, 0);
+    const int j = threadIdx.x % 16, rr = threadIdx.x / 16;  // rr = row % kMergeRows
+    const __half* rcv_o = reinterpret_cast<const __half*>(smem + kRecvOffset);
+    const float4* rcv_mls = reinterpret_cast<const float4*>(smem + kRecvOffset + kRows * kHeadDim * 2);
+    float4 ok[kCluster];
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      const uint2 h = *reinterpret_cast<const uint2*>(rcv_o + (k * kMergeRows + rr) * kHeadDim + d);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
+      ok[k] = make_float4(a.x, a.y, b.x, b.y);
+    }
+    float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
+    if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
+    m_all = mlj.x;
+#pragma unroll
+    for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
+    const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
+    const float wlj = wj * mlj.y;
+    const float wo = wj * mlj.z;
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      const int src = (threadIdx.x & 16) + k;
+      const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
+      l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
+      acc[0] += w * ok[k].x;
+      acc[1] += w * ok[k].y;
+      acc[2] += w * ok[k].z;
+      acc[3] += w * ok[k].w;
+    }
+  }
+#elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
   if (merger) {
     const float4 own = *reinterpret_cast<const float4*>(merge_o + row * kMergeStride + d);
     acc[0] = own.x, acc[1] = own.y, acc[2] = own.z, acc[3] = own.w;
