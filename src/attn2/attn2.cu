@@ -528,6 +528,30 @@ __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int acti
          kvh == p.num_kv_heads - 1 && req == p.num_reqs - 1;
 }
 
+// The cluster merge of one row, in rank order: ok[k] holds this thread's 4
+// columns of rank k's O (fp16 scaled, or fp32), lane j of the row's 16 holds
+// rank j's (m, l, 2^e) in mlj; the weights go round by shuffles.
+template <int kCluster>
+__device__ __forceinline__ void combine_ranks(const float4 (&ok)[kCluster], float4 mlj, float& m_all, float& l_all,
+                                              float (&acc)[4]) {
+  m_all = mlj.x;
+#pragma unroll
+  for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
+  const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
+  const float wlj = wj * mlj.y;
+  const float wo = wj * mlj.z;  // rank j's O weight: its softmax weight times its row's 2^e
+#pragma unroll
+  for (int k = 0; k < kCluster; ++k) {
+    const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
+    const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
+    l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
+    acc[0] += w * ok[k].x;
+    acc[1] += w * ok[k].y;
+    acc[2] += w * ok[k].z;
+    acc[3] += w * ok[k].w;
+  }
+}
+
 // One slice's partial (m in the log2 domain, l, 4 columns of O) into the
 // running merge of a row's slices.
 __device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float& m_max, float& l_sum, float (&f)[4]) {
@@ -1255,22 +1279,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
-    m_all = mlj.x;
-#pragma unroll
-    for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
-    const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
-    const float wlj = wj * mlj.y;
-    const float wo = wj * mlj.z;
-#pragma unroll
-    for (int k = 0; k < kCluster; ++k) {
-      const int src = (threadIdx.x & 16) + k;
-      const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
-      l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
-      acc[0] += w * ok[k].x;
-      acc[1] += w * ok[k].y;
-      acc[2] += w * ok[k].z;
-      acc[3] += w * ok[k].w;
-    }
+    combine_ranks(ok, mlj, m_all, l_all, acc);
   }
 #elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
   if (merger) {
@@ -1298,22 +1307,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = ld_cluster_v4(map_rank(smem_addr(&s_mls[row]), j));
-    m_all = mlj.x;
-#pragma unroll
-    for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
-    const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
-    const float wlj = wj * mlj.y;
-    const float wo = wj * mlj.z;  // CTA j's O weight: its softmax weight times its row's 2^e
-#pragma unroll
-    for (int k = 0; k < kCluster; ++k) {
-      const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
-      const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
-      l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
-      acc[0] += w * ok[k].x;
-      acc[1] += w * ok[k].y;
-      acc[2] += w * ok[k].z;
-      acc[3] += w * ok[k].w;
-    }
+    combine_ranks(ok, mlj, m_all, l_all, acc);
   }
 #endif
   TRACE(15);
