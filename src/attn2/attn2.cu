@@ -8,10 +8,13 @@
 // slices of that pair share its visible pages, round-robin from the
 // device-side length L, and the number of slices in use grows with L (every
 // CTA derives it from L alone; where the grid fills the GPU exactly, the
-// grid's last cluster, placed last, takes fewer tiles, none at shorter L). Each CTA keeps an
-// online-softmax state (m, l, unnormalised O) of all 64 rows; the cluster
-// merges its C states through distributed shared memory (O in fp16, each row
-// scaled by a power of 2), CTA rank r merging rows [r*64/C, ...).
+// grid's last cluster, placed last, takes fewer tiles, none at shorter L; at
+// long L with one request the slices go to the clusters interleaved over the
+// KV heads). Each CTA keeps an online-softmax state (m, l, unnormalised O) of
+// all 64 rows; the cluster merges its C states through distributed shared
+// memory: CTA rank r owns rows [r*64/C, ...), and every CTA stores those rows
+// of its state into rank r's shared memory (O in fp16, each row scaled by a
+// power of 2; st.async, completing on rank r's mbarrier).
 // One slice: that CTA applies norm and gate and writes out. Several slices:
 // it writes its rows' partial to the workspace and takes a ticket on the
 // (pair, rank) counter; the slice with the last ticket merges every slice's
