@@ -109,8 +109,8 @@ struct Attn2Params {
   int num_splits = 1;                 // clusters per (request, KV head), 1..32
   int cluster_size = 8;               // CTAs per cluster: 16 for one slice or 1-2 KV heads (8 where the GPU cannot place 16), else 8
   bool pdl = false;                   // programmatic dependent launch
-  bool idle_last = false;             // the grid's last cluster takes no keys; attn2() sets it where the
-                                      // split grid fills the GPU exactly (that cluster is placed last)
+  bool idle_last = false;             // the grid's last cluster takes fewer keys (none at shorter L); attn2()
+                                      // sets it where the split grid fills the GPU exactly (placed last)
 };
 
 // Checks every argument (std::invalid_argument naming it, with the expected
