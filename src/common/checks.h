@@ -59,10 +59,15 @@ std::string cat(const Args&... args) {
 // Argument names travel as string views: a check that passes builds no string
 // (a call runs some 30 of them; SPEC section 7 gives an op 5 us of host time).
 //
-// "<name> must be <expected>, got <actual>"
+// "<name> must be <expected>, got <actual>": the text (for checks that return
+// a reason), and the throw.
+template <typename E, typename A>
+std::string expected_text(std::string_view name, const E& expected, const A& actual) {
+  return cat(name, " must be ", expected, ", got ", actual);
+}
 template <typename E, typename A>
 [[noreturn]] void fail_expected(std::string_view name, const E& expected, const A& actual) {
-  fail(cat(name, " must be ", expected, ", got ", actual));
+  fail(expected_text(name, expected, actual));
 }
 
 // Present, with data unless it is empty (an empty tensor may have a null

@@ -12,6 +12,7 @@
 namespace muse_decode {
 
 using detail::cat;
+using detail::expected_text;
 using detail::fail;
 
 namespace {
@@ -22,12 +23,6 @@ using Reason = std::optional<std::string>;
   do {                               \
     if (auto reason_ = (expr)) return reason_; \
   } while (0)
-
-// "<name> must be <expected>, got <actual>" as a reason.
-template <typename E, typename A>
-std::string expected_text(std::string_view name, const E& expected, const A& actual) {
-  return cat(name, " must be ", expected, ", got ", actual);
-}
 
 std::string address_str(const void* p) {
   return cat("address 0x", std::hex, reinterpret_cast<uintptr_t>(p));
