@@ -174,11 +174,14 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #if MUSE_ATTN2_PUSH_MERGE && (!MUSE_ATTN2_MERGE_F16 || defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE))
 #error "the push merge sends the fp16 state: add -DMUSE_ATTN2_PUSH_MERGE=0 for fp32 or the timing-only builds"
 #endif
-// Receive area (in the stages, past the merge and key-half exchange areas):
-// per source rank and owned row, 64 halves of O, then per (rank, row) m, l, 2^e.
+// After the key loop the stages hold the merge area (64 rows of O) and the
+// key-half exchange (9 float4 per thread of the second half), then the
+// receive area: per source rank and owned row, 64 halves of O, then per
+// (rank, row) m, l, 2^e.
+constexpr int kExchangeEnd = kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4;
 constexpr int kRecvOffset = 36 * 1024;
 constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 / C rows
-static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= kRecvOffset, "receive area past the exchange");
+static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
@@ -198,7 +201,7 @@ constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled li
 constexpr int kWgSmemBytes = 2 * kWgStages * kWgStageBytes + kQTileBytes + 1024;  // + 1 KB to align to 1024
 constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWgSmemBytes;
 constexpr int kBarriers = 2 * kWgStages > kStages ? 2 * kWgStages : kStages;
-static_assert(kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4 <= 2 * kWgStages * kWgStageBytes,
+static_assert(kExchangeEnd <= 2 * kWgStages * kWgStageBytes,
               "the merge area and the warpgroup exchange reuse the stages");
 static_assert(kRecvOffset + kRecvBytes <= kSmemBytes && kRecvOffset + kRecvBytes + 1024 <= 2 * kWgStages * kWgStageBytes,
               "the receive area lies in the stages of both paths");
@@ -430,14 +433,20 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
+#if MUSE_ATTN2_MERGE_F16
+// 4 columns of a CTA's fp16 (scaled) O, as two 32-bit words.
+__device__ __forceinline__ float4 half4_to_float4(uint32_t lo, uint32_t hi) {
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+#endif
 #if !MUSE_ATTN2_PUSH_MERGE  // the pull merge's remote loads
 #if MUSE_ATTN2_MERGE_F16
 __device__ __forceinline__ float4 ld_cluster_f16x4(uint32_t addr) {
   uint32_t lo, hi;
   asm volatile("ld.shared::cluster.v2.b32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "r"(addr) : "memory");
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
-  return make_float4(a.x, a.y, b.x, b.y);
+  return half4_to_float4(lo, hi);
 }
 #endif
 __device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
@@ -601,15 +610,15 @@ __device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, _
 // -DMUSE_ATTN2_TRACE (with the probe): thread 0 of every CTA appends a record
 // to a ring (phase stamps, exit, SM, CTA, block table, sequence number).
 #ifdef MUSE_ATTN2_TRACE
-constexpr int kTraceRing = 16384;
-__device__ unsigned long long g_ring[kTraceRing][32];
+constexpr int kTraceRing = 16384, kTraceWords = 32;  // records of 32 u64 (bench/trace_attn2.py)
+__device__ unsigned long long g_ring[kTraceRing][kTraceWords];
 __device__ unsigned int g_ring_n;
 #define TRACE(i)                                                                                   \
   if (threadIdx.x == 0) {                                                                          \
     if ((i) == 0) {                                                                                \
       const unsigned seq_ = atomicAdd(&g_ring_n, 1u);                                              \
       trace_slot = seq_ % kTraceRing;                                                              \
-      for (int k_ = 1; k_ < 32; ++k_) g_ring[trace_slot][k_] = 0;                                  \
+      for (int k_ = 1; k_ < kTraceWords; ++k_) g_ring[trace_slot][k_] = 0;                         \
       unsigned smid_;                                                                              \
       asm volatile("mov.u32 %0, %%smid;" : "=r"(smid_));                                          \
       g_ring[trace_slot][10] = smid_;                                                              \
@@ -737,10 +746,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // Warp 0 of each warpgroup, lanes 0-3: page ids of the warpgroup's first tile.
   int vme = 2 * (split * kCluster + rank) + kh;  // this warpgroup among all of the pair's
   int ids0 = -1;
-  if (rw == 0 && p.window == 0 && lane < kTilePages) {
-    const int pi = vme * kTilePages + lane;
-    if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
-  }
+  auto load_ids0 = [&] {  // (without a window the first tile's pages do not depend on L)
+    if (rw == 0 && p.window == 0 && lane < kTilePages) {
+      const int pi = vme * kTilePages + lane;
+      ids0 = pi < (p.max_model_len + kPageSize - 1) / kPageSize ? bt[pi] : -1;  // in the table, maybe past L
+    }
+  };
+  load_ids0();
 #else
   int ids0 = -1;  // warp 0, lanes 0-7: page ids of this CTA's first group
   if (warp == 0 && p.window == 0 && lane < kGroupPages) {
@@ -788,10 +800,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     kvh = c % p.num_kv_heads;
     head = kvh * kHeadsPerKvHead + row / kVerifyLen;
     vme = 2 * (split * kCluster + rank) + kh;
-    if (rw == 0 && p.window == 0 && lane < kTilePages) {  // the first tile's page ids again, for this slice
-      const int pi = vme * kTilePages + lane;
-      ids0 = pi < (p.max_model_len + kPageSize - 1) / kPageSize ? bt[pi] : -1;
-    }
+    load_ids0();  // the first tile's page ids again, for this slice
   }
 #endif
   // The grid's last cluster, placed late (idle_last_cluster): its warpgroups
@@ -1306,9 +1315,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
       const uint2 h = *reinterpret_cast<const uint2*>(rcv_o + (k * kMergeRows + rr) * kHeadDim + d);
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h.x));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h.y));
-      ok[k] = make_float4(a.x, a.y, b.x, b.y);
+      ok[k] = half4_to_float4(h.x, h.y);
     }
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
@@ -1600,7 +1607,7 @@ extern "C" void muse_attn2_print_probe() {
 #ifdef MUSE_ATTN2_TRACE
 // Writes the ring, oldest record first, as raw 32 x u64 records.
 extern "C" void muse_attn2_dump_trace(const char* path) {
-  static unsigned long long h[kTraceRing][32];
+  static unsigned long long h[kTraceRing][kTraceWords];
   unsigned int n = 0;
   if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(h, g_ring, sizeof(h)) != cudaSuccess ||
       cudaMemcpyFromSymbol(&n, g_ring_n, sizeof(n)) != cudaSuccess)
