@@ -233,7 +233,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-
 // The 128 consumer threads only (the producer warp never joins).
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
@@ -340,9 +339,7 @@ __device__ __forceinline__ void refill_ring(const uint64_t* empty, int n, IssueW
   }
 }
 
-// One block of 64 weight rows x 64 columns against x: the warp's 16 rows
-// (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B).
-// k-step ks accumulates into chain ks % kMmaChains.
+// The consumers' accumulators: kMmaChains independent chains of NT n-tiles.
 template <int NT, int kMmaChains>
 __device__ __forceinline__ void zero_chains(float (&chains)[kMmaChains][NT][4]) {
 #pragma unroll
@@ -397,6 +394,9 @@ __device__ __forceinline__ void mma_frags(float (&chains)[kMmaChains][NT][4], co
                f.b[ks][nt][1]);
 }
 
+// One block of 64 weight rows x 64 columns against x: the warp's 16 rows
+// (A, ldmatrix from the swizzled W tile) times NT n-tiles of 8 tokens (B);
+// k-step ks accumulates into chain ks % kMmaChains.
 template <int NT, int kMmaChains>
 __device__ __forceinline__ void mma_block(float (&chains)[kMmaChains][NT][4], uint32_t w_s, uint32_t x_s, int a_row,
                                           int a_chunk, int b_row, int b_chunk) {
