@@ -15,10 +15,10 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
-            # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster takes N tiles per
-            # warpgroup fewer than the others; lt99: none, as in v12),
+            # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
+            # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12),
             # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
-            # ix0 (cluster x of the grid works on slice x of pair (y, z), not interleaved),
+            # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
             # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
