@@ -4,7 +4,11 @@
 time goes: per phase, the earliest, median and latest CTA, in us from the end of
 the call before (its last CTA's exit), median over the steady-state calls.
 
-  python3 bench/trace_attn2.py TRACE.bin GRID_CTAS
+  python3 bench/trace_attn2.py TRACE.bin GRID_CTAS [CLUSTER]
+
+With CLUSTER (the cluster size), also per cluster: when its last CTA had its
+state in shared memory, its first and last CTA past the cluster barrier, and
+its first and last CTA with the merged rows (same clock, medians over calls).
 
 A call's CTAs all enter before the next call's first one (the next launch
 starts once every CTA has passed griddepcontrol.launch_dependents or left),
@@ -57,6 +61,22 @@ def main():
         a, b, c = per_phase[i]
         if a:
             print(f"  {name:16s} {med(a):7.2f} {med(b):7.2f} {med(c):7.2f}   ({len(a)} calls)")
+    if len(sys.argv) > 3:
+        cl = int(sys.argv[3])
+        rows = {}
+        for prev, cur in zip(calls[1:-1], calls[2:]):
+            e_prev = max(r[11] for r in prev)
+            by = {}
+            for r in cur:
+                by.setdefault(r[12] // cl, []).append(r)
+            for k, rs in by.items():
+                t = lambda i, f: f((x[i] - e_prev) / 1e3 for x in rs) if all(x[i] for x in rs) else float("nan")
+                rows.setdefault(k, []).append((t(6, max), t(19, max), t(7, min), t(7, max), t(15, min), t(15, max)))
+        print(f"# per cluster: {'loop done last':>14s} {'state last':>10s} {'synced first':>12s} {'last':>6s} "
+              f"{'merged first':>12s} {'last':>6s}")
+        for k in sorted(rows):
+            cols = [med(v[j] for v in rows[k]) for j in range(6)]
+            print(f"  cluster {k:3d}  " + " ".join(f"{x:10.2f}" for x in cols))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,206 @@
+// attn2's push merge in isolation: clusters of 16 CTAs (2 per SM, or 1 with
+// --solo), each holding 64 rows of fp16 O (128 B per row) and 64 rows of
+// (m, l, 2^e) (16 B); after a cluster barrier every CTA sends rows
+// [4k, 4k + 4) to rank k and waits on its own mbarrier until its 16 x 576
+// bytes have landed. Variants change how the bytes travel; the kernel is timed
+// from the barrier to the wait's end (%globaltimer): per CTA (median over the
+// CTAs, then over launches) and the span (first barrier exit to last wait end).
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dsmem_push.cu
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+namespace cg = cooperative_groups;
+constexpr int kCluster = 16, kRows = 64, kRowBytes = 128, kMlBytes = 16, kOwned = kRows / kCluster;
+constexpr int kStateBytes = kRows * (kRowBytes + kMlBytes);  // 9216, sent and received by every CTA
+constexpr int kRecv = 16 * 1024;                              // receive area offset
+
+__device__ unsigned long long ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ uint32_t mapa(uint32_t a, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ void st_async16(uint32_t dst, uint4 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+               : "memory");
+}
+__device__ void st_async8(uint32_t dst, uint2 v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(dst),
+               "r"(v.x), "r"(v.y), "r"(bar)
+               : "memory");
+}
+__device__ void bulk(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "r"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Modes (bytes per CTA in brackets):
+// 0 st.async 16 B by 256 threads, rows to their owners (attn2, 9216)
+// 1 st.async 8 B (same bytes, twice the stores)
+// 2 st.async 16 B, half the rows' bytes (4608)
+// 3 st.async 16 B, every store to this CTA itself (9216, no network)
+// 4 bulk copies, 2 per owner (9216)
+// 5 bulk copies, 1 per owner (9216)
+// 6 st.async 16 B by 64 threads only (9216)
+// 7 st.async 16 B, a quarter of the bytes (2304)
+// 8 nothing sent (barrier and wait only)
+// 9 st.shared::cluster 16 B (generic stores, attn2's pattern), then a cluster barrier (release, acquire)
+// 10 the same, every store to this CTA itself
+// 11 pull: after the barrier, ld.shared::cluster 16 B of this CTA's rows from every rank, all in flight
+template <int kMode>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(unsigned long long* out) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  __shared__ uint64_t bar;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  for (int i = threadIdx.x; i < kStateBytes / 4; i += 256) reinterpret_cast<uint32_t*>(sm)[i] = i * 7 + rank;
+  constexpr int kBytes = kMode == 2 ? kStateBytes / 2 : kMode == 7 ? kStateBytes / 4 : kMode >= 8 ? 0 : kStateBytes;
+  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kBytes) : "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  const unsigned long long t0 = ns();
+  if (kMode == 0 || kMode == 2 || kMode == 3 || kMode == 6 || kMode == 7) {
+    const int chunks = kBytes / 16, step = kMode == 6 ? 64 : 256;
+    if (threadIdx.x < step)
+      for (int c = threadIdx.x; c < chunks; c += step) {
+        // chunk c to owner c / per (attn2: rows of 9 chunks, 4 rows per owner), at slot c % per of this
+        // rank's block there
+        const int per = max(1, chunks / kCluster), owner = kMode == 3 ? rank : c / per;
+        const uint4 v = reinterpret_cast<const uint4*>(sm)[c];
+        st_async16(mapa(base + kRecv + (rank * per + c % per) * 16, owner), v, mapa(b, owner));
+      }
+  } else if (kMode == 1) {
+    for (int c = threadIdx.x; c < kBytes / 8; c += 256) {
+      const int r = c / 18, owner = r / kOwned;
+      const uint2 v = reinterpret_cast<const uint2*>(sm)[c];
+      st_async8(mapa(base + kRecv + (rank * kOwned * 18 + c % (kOwned * 18)) * 8, owner), v, mapa(b, owner));
+    }
+  } else if (kMode == 4) {
+    if (threadIdx.x < 2 * kCluster) {
+      const int k = threadIdx.x % kCluster;
+      if (threadIdx.x < kCluster)
+        bulk(mapa(base + kRecv + rank * kOwned * kRowBytes, k), base + k * kOwned * kRowBytes, kOwned * kRowBytes,
+             mapa(b, k));
+      else
+        bulk(mapa(base + kRecv + kRows * kRowBytes + rank * kOwned * kMlBytes, k),
+             base + kRows * kRowBytes + k * kOwned * kMlBytes, kOwned * kMlBytes, mapa(b, k));
+    }
+  } else if (kMode == 5) {
+    if (threadIdx.x < kCluster) {
+      const int k = threadIdx.x;
+      bulk(mapa(base + kRecv + rank * kOwned * 144, k), base + k * kOwned * 144, kOwned * 144, mapa(b, k));
+    }
+  }
+  if (kMode == 9 || kMode == 10) {
+    constexpr int per = kStateBytes / 16 / kCluster;
+    for (int c = threadIdx.x; c < kStateBytes / 16; c += 256) {
+      const int owner = kMode == 10 ? rank : c / per;
+      const uint4 v = reinterpret_cast<const uint4*>(sm)[c];
+      asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(mapa(base + kRecv + (rank * per + c % per) * 16,
+                                                                            owner)),
+                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  } else if (kMode == 11) {
+    constexpr int per = kStateBytes / 16 / kCluster;  // 36 chunks from each rank, 576 over 256 threads
+    uint4 v[3];
+    uint32_t x = 0;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const int c = threadIdx.x + i * 256;
+      if (c < kStateBytes / 16)
+        asm volatile("ld.shared::cluster.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                     : "r"(mapa(base + (rank * per + c % per) * 16, c / per))
+                     : "memory");
+      else
+        v[i] = make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 3; ++i) x ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    reinterpret_cast<uint32_t*>(sm + kRecv)[threadIdx.x] = x;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    asm volatile(
+        "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
+        : "memory");
+    const unsigned long long t1 = ns();
+    out[2 * blockIdx.x] = t0;
+    out[2 * blockIdx.x + 1] = t1;
+  }
+  __syncthreads();
+  // Nobody leaves while a bulk copy may still read its shared memory.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+template <int kMode>
+void run(const char* name, int ctas, int smem, unsigned long long* d_out) {
+  cudaFuncSetAttribute(push<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaFuncSetAttribute(push<kMode>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  std::vector<double> span, each;
+  std::vector<unsigned long long> h(2 * ctas);
+  for (int rep = 0; rep < 40; ++rep) {
+    push<kMode><<<ctas, 256, smem>>>(d_out);
+    if (cudaMemcpy(h.data(), d_out, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError()));
+      return;
+    }
+    unsigned long long a = ~0ull, z = 0;
+    std::vector<double> e;
+    for (int c = 0; c < ctas; ++c) {
+      a = std::min(a, h[2 * c]);
+      z = std::max(z, h[2 * c + 1]);
+      e.push_back((h[2 * c + 1] - h[2 * c]) * 1e-3);
+    }
+    std::sort(e.begin(), e.end());
+    if (rep >= 5) span.push_back((z - a) * 1e-3), each.push_back(e[e.size() / 2]);
+  }
+  std::sort(span.begin(), span.end());
+  std::sort(each.begin(), each.end());
+  std::printf("%-46s %3d CTAs %s: per CTA %.3f us, span %.3f us\n", name, ctas, smem > 120 * 1024 ? "1/SM" : "2/SM",
+              each[each.size() / 2], span[span.size() / 2]);
+}
+
+int main() {
+  unsigned long long* d_out;
+  cudaMalloc(&d_out, 2 * 224 * 8);
+  for (int smem : {100 * 1024, 200 * 1024})
+    for (int ctas : {32, 224}) {
+      if (smem > 120 * 1024 && ctas > 128) continue;
+      run<0>("st.async 16 B, 256 thr (attn2, 9216 B)", ctas, smem, d_out);
+      run<1>("st.async 8 B (9216 B)", ctas, smem, d_out);
+      run<2>("st.async 16 B, half (4608 B)", ctas, smem, d_out);
+      run<7>("st.async 16 B, quarter (2304 B)", ctas, smem, d_out);
+      run<6>("st.async 16 B, 64 thr (9216 B)", ctas, smem, d_out);
+      run<3>("st.async 16 B, all to itself (9216 B)", ctas, smem, d_out);
+      run<4>("bulk, 2 per owner (9216 B)", ctas, smem, d_out);
+      run<5>("bulk, 1 per owner (9216 B)", ctas, smem, d_out);
+      run<8>("nothing sent", ctas, smem, d_out);
+      run<9>("st.shared::cluster 16 B + barrier (9216 B)", ctas, smem, d_out);
+      run<10>("st.shared::cluster to itself + barrier", ctas, smem, d_out);
+      run<11>("pull ld.shared::cluster 16 B (9216 B)", ctas, smem, d_out);
+    }
+  std::printf("%s\n", cudaGetErrorString(cudaDeviceSynchronize()));
+}
