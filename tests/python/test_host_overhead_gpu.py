@@ -4,7 +4,11 @@
 never fills, best of 50). The bar is asserted for the eager path meant for a
 layer: MuseRouting, and the QkvFront / Attn2 objects bound to its
 static tensors (the SPEC's "validate once when bound"); the unbound
-functions' times are printed beside them."""
+functions' times are printed beside them. Each is measured beside the host
+time of torch's own empty-kernel launch (harness.host_bar_us: 5 us, or the
+launch + 1.2 us on a machine where the launch alone takes more than 3.8 us).
+These tests run in a process of their own (scripts/gpu_check.sh), not after
+the other GPU tests."""
 
 import os
 import sys
@@ -15,10 +19,26 @@ torch = pytest.importorskip("torch")
 import muse_decode as md  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from harness import host_us  # noqa: E402
+from harness import empty_launch_us, host_bar_us, host_us  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-BAR_US = 5.0
+
+
+def test_route_host_overhead():
+    from muse_decode import layer
+
+    b = 8
+    routing = md.MuseRouting(layer.router((torch.randn(256, device="cuda") * 0.02).contiguous()))
+    x = torch.randn(b, 256, device="cuda")
+    ids = torch.empty(b, 8, dtype=torch.int32, device="cuda")
+    w = torch.empty(b, 8, device="cuda")
+    meta = md.RoutingMetadata(torch.zeros(md.metadata_size(128), dtype=torch.int32, device="cuda"), 0, 32, 128)
+    empty = empty_launch_us()
+    best = host_us(lambda: routing(x, ids, w, meta))
+    checks = host_us(lambda: routing.check(x, ids, w, meta.buffer, 0, 32, 128))
+    print(f"\nroute host us per call: {best:.2f} (b = 8, metadata); reads + checks without the launch {checks:.2f}; "
+          f"torch's empty kernel {empty:.2f}, bar {host_bar_us(empty):.2f}")
+    assert best <= host_bar_us(empty)
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +74,13 @@ def test_qkv_front_host_overhead(front_inputs):
         on_side = host_us(lambda: md.launch_qkv_front(x, w, pos, cs, slots, cache, kvh, out, ws))
     long_loops = host_us(lambda: md.launch_qkv_front(x, w, pos, cs, slots, cache, kvh, out, ws), n=300, loops=20)
     front = md.QkvFront(w, cs, cache, kvh, ws)
+    empty = empty_launch_us()
     bound = host_us(lambda: front(x, pos, slots, out))
     print(f"\nqkv_front host us per call: bound {bound:.2f}, direct {direct:.2f}, torch.library {library:.2f}; "
           f"reads + checks without the launch {checks:.2f}, 8 data_ptr() {ptrs:.2f}; "
-          f"on a side stream {on_side:.2f}, in loops of 300 {long_loops:.2f}")
-    assert bound <= BAR_US
+          f"on a side stream {on_side:.2f}, in loops of 300 {long_loops:.2f}; "
+          f"torch's empty kernel {empty:.2f}, bar {host_bar_us(empty):.2f}")
+    assert bound <= host_bar_us(empty)
 
 
 def test_attn2_host_overhead():
@@ -83,7 +105,9 @@ def test_attn2_host_overhead():
     short_lens = torch.tensor([2048], dtype=torch.int32, device="cuda")
     short = host_us(lambda: md.attn2(qv, gv, cache, table, short_lens, out, ws, max_len, 0, splits))
     op2 = md.Attn2(cache, ws, max_len, 0, splits)
+    empty = empty_launch_us()
     bound = host_us(lambda: op2(qv, gv, table, lens, out))
     print(f"\nattn2 host us per call: bound {bound:.2f}, direct {direct:.2f}, torch.library {library:.2f}; "
-          f"reads + checks without the launch {checks:.2f}; at L = 2048 {short:.2f}")
-    assert bound <= BAR_US
+          f"reads + checks without the launch {checks:.2f}; at L = 2048 {short:.2f}; "
+          f"torch's empty kernel {empty:.2f}, bar {host_bar_us(empty):.2f}")
+    assert bound <= host_bar_us(empty)
