@@ -538,13 +538,22 @@ __device__ __forceinline__ void allow_dependents() {
 // (host: idle_last), that cluster's warpgroups take kLateTiles fewer tiles
 // than the others (wgmma path), or none: its pair then takes one slice fewer
 // and it leaves at once (at shorter L, and always on the mma.sync path).
+// With the slices interleaved (wgmma path, one request) the grid's last two
+// clusters are the last slice of the last two KV heads, and both are placed
+// late (TP8 128k trace: the previous call's mergers hold slots in two SM
+// groups until it ends); both then take fewer tiles (MUSE_ATTN2_LATE_TWO).
 // Depends only on the deployment and L: the merge order stays fixed.
 #ifndef MUSE_ATTN2_IDLE_LAST
 #define MUSE_ATTN2_IDLE_LAST 1  // 0: ignore the host's idle_last (A/B)
 #endif
-__device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req) {
+#ifndef MUSE_ATTN2_LATE_TWO
+#define MUSE_ATTN2_LATE_TWO 1
+#endif
+__device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req,
+                                                  bool interleaved = false) {
+  const int late_heads = interleaved && MUSE_ATTN2_LATE_TWO ? 2 : 1;
   return MUSE_ATTN2_IDLE_LAST && p.idle_last && active == p.num_splits && active > 2 &&
-         kvh == p.num_kv_heads - 1 && req == p.num_reqs - 1;
+         kvh >= p.num_kv_heads - late_heads && req == p.num_reqs - 1;
 }
 
 // The cluster merge of one row, in rank order: ok[k] holds this thread's 4
@@ -793,8 +802,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // 24.6-24.8 -> 23.9-24.0 us; applied at 32k it was 0.05 us slower, at 8k (4
   // of 7 slices in use) 0.2-0.3. The grid's last cluster stays the last head's
   // last slice; the order is fixed by L, so the merge order (and the bits) are too.
+  bool interleaved = false;
   if (gridDim.z == 1 && p.num_splits > 1 && active == p.num_splits &&
       num_tiles >= 8 * p.num_splits * kCluster) {
+    interleaved = true;
     const int c = static_cast<int>(blockIdx.y) * p.num_splits + split;
     split = c / p.num_kv_heads;
     kvh = c % p.num_kv_heads;
@@ -809,7 +820,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // round-robin over the other warpgroups (wn of them). Where that leaves it
   // nothing, its pair takes one slice fewer and the cluster leaves at once.
   int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
-  if (idle_last_cluster(p, active, kvh, req)) {
+#if !MUSE_ATTN2_INTERLEAVE
+  constexpr bool interleaved = false;
+#endif
+  if (idle_last_cluster(p, active, kvh, req, interleaved)) {
     const int q = num_tiles / (2 * active * kCluster) - kLateTiles;
     if (q > 0)
       late_rounds = q;
