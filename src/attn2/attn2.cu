@@ -800,8 +800,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // of head y, so that every head's first slices (which carry the most tiles)
   // are placed first, not the last head's after all of the others'. TP8 128k:
   // 24.6-24.8 -> 23.9-24.0 us; applied at 32k it was 0.05 us slower, at 8k (4
-  // of 7 slices in use) 0.2-0.3. The grid's last cluster stays the last head's
-  // last slice; the order is fixed by L, so the merge order (and the bits) are too.
+  // of 7 slices in use) 0.2-0.3. The grid's last clusters are then the last
+  // slice of the last two heads; the order is fixed by L, so the merge order
+  // (and the bits) are too.
   bool interleaved = false;
   if (gridDim.z == 1 && p.num_splits > 1 && active == p.num_splits &&
       num_tiles >= 8 * p.num_splits * kCluster) {
@@ -814,8 +815,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     load_ids0();  // the first tile's page ids again, for this slice
   }
 #endif
-  // The grid's last cluster, placed late (idle_last_cluster): its warpgroups
-  // take only the first late_rounds rounds of the round-robin, kLateTiles
+  // The grid's last cluster (interleaved: its last two), placed late
+  // (idle_last_cluster): its warpgroups take only the first late_rounds
+  // rounds of the round-robin, kLateTiles
   // fewer than the others' whole rounds, and the tiles after those rounds go
   // round-robin over the other warpgroups (wn of them). Where that leaves it
   // nothing, its pair takes one slice fewer and the cluster leaves at once.
