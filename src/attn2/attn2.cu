@@ -817,10 +817,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
   // The grid's last cluster (interleaved: its last two), placed late
   // (idle_last_cluster): its warpgroups take only the first late_rounds
-  // rounds of the round-robin, kLateTiles
-  // fewer than the others' whole rounds, and the tiles after those rounds go
-  // round-robin over the other warpgroups (wn of them). Where that leaves it
-  // nothing, its pair takes one slice fewer and the cluster leaves at once.
+  // rounds of the round-robin, kLateTiles fewer than the others' whole
+  // rounds, and the tiles after those rounds go round-robin over the other
+  // warpgroups (wn of them). Where that leaves it nothing, its pair takes one
+  // slice fewer and the cluster leaves at once.
   int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
 #if !MUSE_ATTN2_INTERLEAVE
   constexpr bool interleaved = false;
