@@ -144,6 +144,12 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_EARLY_TILES
 #define MUSE_ATTN2_EARLY_TILES 1
 #endif
+// One slice with up to twice as many tiles as warpgroups: the two-tile
+// warpgroups take the oldest tiles in pairs (see r_two); 0 (token bl0):
+// round-robin, as at every other length.
+#ifndef MUSE_ATTN2_BLOCKED
+#define MUSE_ATTN2_BLOCKED 1
+#endif
 [[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
@@ -838,10 +844,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   const int wgs = 2 * active * kCluster;
   const int wn = late_rounds == INT_MAX ? wgs : wgs - 2 * kCluster;  // warpgroups past the late rounds
+  // One slice with a few tiles more than warpgroups (a 2048-key window sees
+  // 2055 keys: 33 tiles for 32 warpgroups): the first r warpgroups take two
+  // tiles each, the oldest ones in pairs, both copied before the wait, and
+  // the others one each, so that the newest tile (this step's keys, copied
+  // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
+  const int r_two = MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
-  auto tile_of = [&](int j) { return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme; };
+  auto tile_of = [&](int j) {
+    if (r_two > 0) return vme < r_two ? 2 * vme + j : vme + r_two;
+    return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme;
+  };
   int my_tiles;
-  if (late_rounds == INT_MAX) {
+  if (r_two > 0) {
+    my_tiles = vme < r_two ? 2 : 1;
+  } else if (late_rounds == INT_MAX) {
     my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
   } else if (vme >= wn) {
     my_tiles = late_rounds;  // (late_rounds * wgs <= num_tiles: every late round is whole)
@@ -899,10 +916,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int ring = min(kWgStages, my_tiles);
   int issued = 0;
   if (rw == 0) {
-    if (p.window != 0 && lane < kTilePages && my_tiles > 0 && first_page + vme * kTilePages + lane <= last_page)
-      ids0 = bt[first_page + vme * kTilePages + lane];
+    // (Without a window ids0 was loaded before L for tile vme, which is tile 0 but where r_two is set.)
+    if ((p.window != 0 || r_two > 0) && lane < kTilePages && my_tiles > 0 &&
+        first_page + tile_of(0) * kTilePages + lane <= last_page)
+      ids0 = bt[first_page + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
-    while (issued < min(ring, kEarlyTiles) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
+    const int early = r_two > 0 ? 2 : kEarlyTiles;
+    while (issued < min(ring, early) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
     TRACE(28);
   }
