@@ -144,13 +144,13 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_EARLY_TILES
 #define MUSE_ATTN2_EARLY_TILES 1
 #endif
+[[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
 // One slice with up to twice as many tiles as warpgroups: the two-tile
 // warpgroups take the oldest tiles in pairs (see r_two); 0 (token bl0):
 // round-robin, as at every other length.
 #ifndef MUSE_ATTN2_BLOCKED
 #define MUSE_ATTN2_BLOCKED 1
 #endif
-[[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
 // slice blockIdx.x / C of head blockIdx.y.
@@ -916,7 +916,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int ring = min(kWgStages, my_tiles);
   int issued = 0;
   if (rw == 0) {
-    // (Without a window ids0 was loaded before L for tile vme, which is tile 0 but where r_two is set.)
+    // (Without a window ids0 already holds tile vme's ids, loaded before L:
+    // this warpgroup's tile 0 unless r_two is set.)
     if ((p.window != 0 || r_two > 0) && lane < kTilePages && my_tiles > 0 &&
         first_page + tile_of(0) * kTilePages + lane <= last_page)
       ids0 = bt[first_page + tile_of(0) * kTilePages + lane];

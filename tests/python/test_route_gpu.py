@@ -5,7 +5,6 @@ descending sort, a left-to-right fp32 sum): ids and weights bit-identical on
 construction of the same fields; graph capture and replay. (Its host time per
 call is tested in test_host_overhead_gpu.py, in a process of its own.)"""
 
-
 import pytest
 
 torch = pytest.importorskip("torch")
