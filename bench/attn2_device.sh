@@ -21,6 +21,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
+            # os0 (one-slice launches run the general kernel, not their own),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
             # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
@@ -42,6 +43,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
+      os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;
       bl0) f="$f -DMUSE_ATTN2_BLOCKED=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
       ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;

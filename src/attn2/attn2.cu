@@ -555,6 +555,9 @@ __device__ __forceinline__ void allow_dependents() {
 #ifndef MUSE_ATTN2_LATE_TWO
 #define MUSE_ATTN2_LATE_TWO 1
 #endif
+#ifndef MUSE_ATTN2_ONE_SLICE
+#define MUSE_ATTN2_ONE_SLICE 1  // a kernel of its own for one-slice launches (attn2_kernel's kOneSlice)
+#endif
 __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req,
                                                   bool interleaved = false) {
   const int late_heads = interleaved && MUSE_ATTN2_LATE_TWO ? 2 : 1;
@@ -664,7 +667,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
 #define PROBE(i)
 #endif
 
-template <int kCluster>
+// kOneSlice: the launch has one slice (num_splits 1: max_model_len <= 2048 or
+// a window), so the split path and its slice logic are compiled out
+// (MUSE_ATTN2_ONE_SLICE=0, token os0: always the general kernel).
+template <int kCluster, bool kOneSlice>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, 16 threads per row");
@@ -798,7 +804,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // Slices in use for this L: one more per kSlicePages pages per CTA of a
   // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
-  active = max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
+  active = kOneSlice ? 1 : max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
 #if MUSE_ATTN2_INTERLEAVE
   // Clusters are placed in launch order (x, then y): with one request and
   // every slice in use, at least 4 tiles per warpgroup on average, cluster c
@@ -810,7 +816,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // slice of the last two heads; the order is fixed by L, so the merge order
   // (and the bits) are too.
   bool interleaved = false;
-  if (gridDim.z == 1 && p.num_splits > 1 && active == p.num_splits &&
+  if (!kOneSlice && gridDim.z == 1 && p.num_splits > 1 && active == p.num_splits &&
       num_tiles >= 8 * p.num_splits * kCluster) {
     interleaved = true;
     const int c = static_cast<int>(blockIdx.y) * p.num_splits + split;
@@ -1068,7 +1074,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // (L = 2048 -> 16 groups -> one slice, merged in the cluster, no workspace
   // round trip; from L = 32k on all 15 of TP8). Depends on L only: every
   // cluster agrees, and the merge order stays fixed.
-  active = max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
+  active = kOneSlice ? 1 : max(1, min(p.num_splits, (num_groups + 2 * kCluster - 1) / (2 * kCluster)));
   if (idle_last_cluster(p, active, kvh, req)) active -= 1;
   if (split >= active) return;  // the whole cluster leaves: it shares nothing with the others
   const int ctas = active * kCluster;
@@ -1585,19 +1591,27 @@ cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape{dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads),
                                   kDynSmemBytes, kCluster, p.pdl};
-  return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster>>(shape, stream, map, p));
+  if (MUSE_ATTN2_ONE_SLICE && p.num_splits == 1)
+    return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, true>>(shape, stream, map, p));
+  return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, false>>(shape, stream, map, p));
 }
 
-template <int kCluster>
-cudaError_t set_attributes() {
-  cudaError_t err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
+template <int kCluster, bool kOneSlice>
+cudaError_t set_attributes_of() {
+  cudaError_t err =
+      cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
   // The whole unified L1/shared array as shared memory: two CTAs per SM need 2 x 99.3 KB.
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    err = cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
   if (err == cudaSuccess && kCluster > 8)
-    err = cudaFuncSetAttribute(attn2_kernel<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    err = cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   return err;
+}
+template <int kCluster>
+cudaError_t set_attributes() {
+  const cudaError_t err = set_attributes_of<kCluster, false>();
+  return err == cudaSuccess && MUSE_ATTN2_ONE_SLICE ? set_attributes_of<kCluster, true>() : err;
 }
 
 template <int kCluster>
@@ -1614,7 +1628,7 @@ int max_active_clusters() {
   config.attrs = attr;
   config.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster>, &config) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster, false>, &config) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -1669,10 +1683,10 @@ int attn2_set_kernel_attributes(int* short_cluster_size) {
 int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   cudaError_t err = cudaErrorInvalidValue;
   if (cluster_size == 8) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<8>, kThreads, kDynSmemBytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<8, false>, kThreads, kDynSmemBytes);
     *max_clusters = max_active_clusters<8>();
   } else if (cluster_size == 16) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<16>, kThreads, kDynSmemBytes);
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, attn2_kernel<16, false>, kThreads, kDynSmemBytes);
     *max_clusters = max_active_clusters<16>();
   }
   return static_cast<int>(err);
