@@ -10,7 +10,11 @@
 // CTA derives it from L alone; where the grid fills the GPU exactly, the
 // grid's last cluster, placed last, takes fewer tiles, none at shorter L; at
 // long L with one request the slices go to the clusters interleaved over the
-// KV heads). Each CTA keeps an online-softmax state (m, l, unnormalised O) of
+// KV heads, and then the last two clusters take fewer tiles; one slice with a
+// few more tiles than warpgroups, as under a 2048-key window, gives the
+// two-tile warpgroups the oldest tiles in pairs). Launches with one slice
+// (num_splits 1) run their own instantiation, without the split path.
+// Each CTA keeps an online-softmax state (m, l, unnormalised O) of
 // all 64 rows; the cluster merges its C states through distributed shared
 // memory: CTA rank r owns rows [r*64/C, ...), and every CTA stores those rows
 // of its state into rank r's shared memory (O in fp16, each row scaled by a
