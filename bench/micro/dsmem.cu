@@ -8,9 +8,10 @@
 #include <cooperative_groups.h>
 #include <cstdint>
 #include <cstdio>
-#include <algorithm>
 #include <vector>
 #include <cuda_runtime.h>
+
+#include "cta_times.h"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kStride = 68, kSmem = 100 * 1024;
@@ -88,26 +89,15 @@ template <int kMode>
 void run(const char* name, int ctas, unsigned long long* d_out, float* sink) {
   cudaFuncSetAttribute(merge<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   cudaFuncSetAttribute(merge<kMode>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  std::vector<double> span, each;
+  CtaTimes t;
   std::vector<unsigned long long> h(2 * ctas);
   for (int rep = 0; rep < 30; ++rep) {
     merge<kMode><<<ctas, 256, kSmem>>>(d_out, sink);
     cudaMemcpy(h.data(), d_out, h.size() * 8, cudaMemcpyDeviceToHost);
-    unsigned long long a = ~0ull, b = 0;
-    std::vector<double> e;
-    for (int c = 0; c < ctas; ++c) {
-      a = std::min(a, h[2 * c]);
-      b = std::max(b, h[2 * c + 1]);
-      e.push_back((h[2 * c + 1] - h[2 * c]) * 1e-3);
-    }
-    std::sort(e.begin(), e.end());
-    span.push_back((b - a) * 1e-3);
-    each.push_back(e[e.size() / 2]);
+    t.add(h, ctas);
   }
-  std::sort(span.begin(), span.end());
-  std::sort(each.begin(), each.end());
   std::printf("%-44s %4d CTAs: per CTA (median) %.3f us, barrier-to-last-load span %.3f us\n", name, ctas,
-              each[each.size() / 2], span[span.size() / 2]);
+              CtaTimes::median(t.each), CtaTimes::median(t.span));
 }
 
 int main() {

@@ -9,10 +9,11 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "cta_times.h"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kRowBytes = 128, kMlBytes = 16, kOwned = kRows / kCluster;
@@ -159,7 +160,7 @@ template <int kMode>
 void run(const char* name, int ctas, int smem, unsigned long long* d_out) {
   cudaFuncSetAttribute(push<kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaFuncSetAttribute(push<kMode>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  std::vector<double> span, each;
+  CtaTimes t;
   std::vector<unsigned long long> h(2 * ctas);
   for (int rep = 0; rep < 40; ++rep) {
     push<kMode><<<ctas, 256, smem>>>(d_out);
@@ -167,20 +168,10 @@ void run(const char* name, int ctas, int smem, unsigned long long* d_out) {
       std::printf("%s: %s\n", name, cudaGetErrorString(cudaGetLastError()));
       return;
     }
-    unsigned long long a = ~0ull, z = 0;
-    std::vector<double> e;
-    for (int c = 0; c < ctas; ++c) {
-      a = std::min(a, h[2 * c]);
-      z = std::max(z, h[2 * c + 1]);
-      e.push_back((h[2 * c + 1] - h[2 * c]) * 1e-3);
-    }
-    std::sort(e.begin(), e.end());
-    if (rep >= 5) span.push_back((z - a) * 1e-3), each.push_back(e[e.size() / 2]);
+    if (rep >= 5) t.add(h, ctas);  // the first launches warm up
   }
-  std::sort(span.begin(), span.end());
-  std::sort(each.begin(), each.end());
   std::printf("%-46s %3d CTAs %s: per CTA %.3f us, span %.3f us\n", name, ctas, smem > 120 * 1024 ? "1/SM" : "2/SM",
-              each[each.size() / 2], span[span.size() / 2]);
+              CtaTimes::median(t.each), CtaTimes::median(t.span));
 }
 
 int main() {
