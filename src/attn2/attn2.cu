@@ -809,6 +809,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // cluster. Depends on L only: every cluster agrees, the merge order stays fixed.
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
   active = kOneSlice ? 1 : max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
+  bool interleaved = false;
 #if MUSE_ATTN2_INTERLEAVE
   // Clusters are placed in launch order (x, then y): with one request and
   // every slice in use, at least 4 tiles per warpgroup on average, cluster c
@@ -819,7 +820,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // of 7 slices in use) 0.2-0.3. The grid's last clusters are then the last
   // slice of the last two heads; the order is fixed by L, so the merge order
   // (and the bits) are too.
-  bool interleaved = false;
   if (!kOneSlice && gridDim.z == 1 && p.num_splits > 1 && active == p.num_splits &&
       num_tiles >= 8 * p.num_splits * kCluster) {
     interleaved = true;
@@ -838,9 +838,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // warpgroups (wn of them). Where that leaves it nothing, its pair takes one
   // slice fewer and the cluster leaves at once.
   int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
-#if !MUSE_ATTN2_INTERLEAVE
-  constexpr bool interleaved = false;
-#endif
   if (idle_last_cluster(p, active, kvh, req, interleaved)) {
     const int q = num_tiles / (2 * active * kCluster) - kLateTiles;
     if (q > 0)
