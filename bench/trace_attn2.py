@@ -77,6 +77,38 @@ def main():
         for k in sorted(rows):
             cols = [med(v[j] for v in rows[k]) for j in range(6)]
             print(f"  cluster {k:3d}  " + " ".join(f"{x:10.2f}" for x in cols))
+        # The CTA whose key loop ends last in each call: which cluster and SM,
+        # and its phases against the median CTA of the same call.
+        late, n_late = [], []
+        for prev, cur in zip(calls[1:-1], calls[2:]):
+            rs = [r for r in cur if r[6]]
+            if len(rs) < 2:
+                continue
+            e_prev = max(r[11] for r in prev)
+            x = max(rs, key=lambda r: r[6])
+            mid = lambda i: statistics.median([r[i] for r in rs if r[i]] or [0])
+            mate = [r for r in cur if r[10] == x[10] and r is not x]  # the other CTA on its SM
+            mate_late = (mate[0][6] - mid(6)) / 1e3 if mate and mate[0][6] else float("nan")
+            n_late.append(sum(1 for r in rs if r[6] - mid(6) > 1000))
+            late.append((x[12] // cl, x[10], *[((x[i] - e_prev) / 1e3, (x[i] - mid(i)) / 1e3) if x[i] else (0.0, 0.0)
+                                               for i in (0, 3, 5, 22, 23, 26, 27, 6)], mate_late,
+                         mate[0][12] // cl if mate else -1))
+        if late:
+            hist = lambda j: dict(sorted(((k, [v[j] for v in late].count(k)) for k in set(v[j] for v in late)),
+                                         key=lambda kv: -kv[1])[:8])
+            print(f"# the last loop of each call ({len(late)} calls): clusters {hist(0)}; SMs {hist(1)}")
+            names = ("entry", "past wait", "tile 0 ready", "tile 1 ready", "tile 2 ready", "wg0 last P V",
+                     "both halves", "loop done")
+            print("#   phase          at (median)  minus the call's median CTA (median, max)")
+            for j, n in enumerate(names):
+                print(f"    {n:14s} {med(v[2 + j][0] for v in late):9.2f}   {med(v[2 + j][1] for v in late):6.2f} "
+                      f"{max(v[2 + j][1] for v in late):6.2f}")
+            print(f"#   CTAs whose loop ends > 1 us after the median CTA's, per call: median {med(n_late)}, "
+                  f"max {max(n_late)}")
+            mates = [v[10] for v in late if v[10] == v[10]]
+            if mates:
+                print(f"#   the other CTA on its SM: loop done minus the median CTA: median {med(mates):.2f}, "
+                      f"same cluster in {sum(v[11] == v[0] for v in late)} of {len(late)} calls")
 
 
 if __name__ == "__main__":

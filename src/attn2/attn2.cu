@@ -18,7 +18,10 @@
 // all 64 rows; the cluster merges its C states through distributed shared
 // memory: CTA rank r owns rows [r*64/C, ...), and every CTA stores those rows
 // of its state into rank r's shared memory (O in fp16, each row scaled by a
-// power of 2; st.async, completing on rank r's mbarrier).
+// power of 2; st.async, completing on rank r's mbarrier). Where no warpgroup
+// of the cluster fills its last stage (which holds the receive area), every
+// CTA pushes as soon as its own key loop is done; otherwise once the
+// cluster's are.
 // One slice: that CTA applies norm and gate and writes out. Several slices:
 // it writes its rows' partial to the workspace and takes a ticket on the
 // (pair, rank) counter; the slice with the last ticket merges every slice's
@@ -192,6 +195,13 @@ constexpr int kExchangeEnd = kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4;
 constexpr int kRecvOffset = 36 * 1024;
 constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 / C rows
 static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
+
+// Where no warpgroup fills its last stage (short L), the push starts as soon
+// as the CTA's own key loop is done (see early_push); 0 (token ep0): once
+// every CTA of the cluster is past its loop.
+#ifndef MUSE_ATTN2_EARLY_PUSH
+#define MUSE_ATTN2_EARLY_PUSH 1
+#endif
 
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
@@ -801,6 +811,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   bool bad = false;
   int active;
+  bool early_push = false;  // (see below; the mma.sync path never)
 #if MUSE_ATTN2_WGMMA_PATH
   // Tiles of 4 pages go round-robin over the warpgroups of the active slices:
   // warpgroup vme takes tiles vme, vme + wgs, ... (tile t: pages first_page + 4t ..).
@@ -873,6 +884,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const int rest = num_tiles - late_rounds * wgs;
     my_tiles = late_rounds + (rest > vme ? (rest - 1 - vme) / wn + 1 : 0);
   }
+#if MUSE_ATTN2_PUSH_MERGE && MUSE_ATTN2_EARLY_PUSH
+  // No warpgroup of the cluster takes more than kWgStages - 1 tiles (the
+  // same for all of its CTAs: it depends on L and the grid only), so none
+  // ever fills its last stage, where the receive area lies: every CTA may
+  // push its rows as soon as its own key loop is done, not once the whole
+  // cluster's are. The cluster barrier's arrival (which publishes the
+  // receive mbarrier's initialisation) moves here, before the loop.
+  static_assert(kRecvOffset >= 2 * kWgStageBytes + 1024 && kRecvOffset + kRecvBytes <= 3 * kWgStageBytes,
+                "the receive area lies in warpgroup 0's last stage only");
+  early_push = late_rounds == INT_MAX && num_tiles <= (kWgStages - 1) * wgs;
+  if (early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
   // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -1236,7 +1259,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #if MUSE_ATTN2_PUSH_MERGE
   // Every stage consumed (wgmma and TMA done with it): the receive area may be
   // written. Release: the barrier init before it is seen by the senders.
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (!early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 #endif
   TRACE(27);
   if (kKeySplit == 2 && kh == 1) {
