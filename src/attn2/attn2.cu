@@ -11,8 +11,9 @@
 // grid's last cluster, placed last, takes fewer tiles, none at shorter L; at
 // long L with one request the slices go to the clusters interleaved over the
 // KV heads, and then the last two clusters take fewer tiles; one slice with a
-// few more tiles than warpgroups, as under a 2048-key window, gives the
-// two-tile warpgroups the oldest tiles in pairs). Launches with one slice
+// few more tiles than warpgroups gives the two-tile warpgroups the oldest
+// tiles in pairs, and one tile more of at most 2 pages, as under a 2048-key
+// window, goes to warpgroup 0 as an N = 32 tail pass). Launches with one slice
 // (num_splits 1) run their own instantiation, without the split path.
 // Each CTA keeps an online-softmax state (m, l, unnormalised O) of
 // all 64 rows; the cluster merges its C states through distributed shared
@@ -158,6 +159,16 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_BLOCKED
 #define MUSE_ATTN2_BLOCKED 1
 #endif
+// One-slice kernel, one tile more than warpgroups, and that tile (the
+// newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
+// pages, 32 x 4 + 1 or 2): warpgroup 0 takes it after its own tile as a
+// tail pass of N = 32 (S m64n32, P V in 2 k-steps, a quarter of a tile's
+// softmax) instead of any warpgroup taking two whole tiles; 0 (token tl0):
+// the pairs of MUSE_ATTN2_BLOCKED.
+#ifndef MUSE_ATTN2_TAIL
+#define MUSE_ATTN2_TAIL 1
+#endif
+[[maybe_unused]] constexpr int kTailPages = 2;  // (the mma.sync path never uses it)
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
 // slice blockIdx.x / C of head blockIdx.y.
@@ -317,6 +328,12 @@ __device__ __forceinline__ void pin(float (&d)[8][4]) {
     asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
 }
 
+__device__ __forceinline__ void pin4(float (&d)[4][4]) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+    asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
+}
+
 __device__ __forceinline__ void pin_a(uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
@@ -330,6 +347,15 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n\t}"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The same with N = 32: d (64 x 32) of the tail pass (see MUSE_ATTN2_TAIL).
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n\t}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -867,14 +893,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // tiles each, the oldest ones in pairs, both copied before the wait, and
   // the others one each, so that the newest tile (this step's keys, copied
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
-  const int r_two = MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
+  const bool tail = MUSE_ATTN2_TAIL && MUSE_ATTN2_WGMMA_PATH && kOneSlice && num_tiles == wgs + 1 &&
+                    last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
+  const bool has_tail = tail && vme == 0;  // this warpgroup's second tile is the tail pass
+  const int r_two =
+      !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
   auto tile_of = [&](int j) {
+    if (tail) return j == 0 ? vme : num_tiles - 1;
     if (r_two > 0) return vme < r_two ? 2 * vme + j : vme + r_two;
     return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme;
   };
   int my_tiles;
-  if (r_two > 0) {
+  if (tail) {
+    my_tiles = has_tail ? 2 : 1;
+  } else if (r_two > 0) {
     my_tiles = vme < r_two ? 2 : 1;
   } else if (late_rounds == INT_MAX) {
     my_tiles = num_tiles > vme ? (num_tiles - 1 - vme) / wgs + 1 : 0;
@@ -1064,7 +1097,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
-      for (int it = 0; it + 1 < my_tiles; ++it) {
+      const int loop_tiles = my_tiles - (has_tail ? 1 : 0);  // the tail pass follows the loop
+      for (int it = 0; it + 1 < loop_tiles; ++it) {
         const int s_next = tile_ready(it + 1, key0, masked);
         issue_s(s_next);
         issue_pv(s);
@@ -1082,7 +1116,35 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       wgmma_wait<0>();
       pin(o);
       pin_a(pa);
-      release(my_tiles - 1, s);
+      release(loop_tiles - 1, s);
+      if (has_tail) {  // (warpgroup-uniform) the tile's first kTailPages pages, N = 32
+        static_assert(kTailPages * kPageSize == 32, "the tail pass is m64n32");
+        s = tile_ready(1, key0, masked);
+        float t_acc[4][4];
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_ss_n32(t_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin4(t_acc);
+        if (masked) mask_tile(t_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
+        online_softmax(t_acc, m_run, l_run, alpha);
+        rescale(o, alpha);
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          pa[t / 2][(t % 2) * 2] = pack_bf16(t_acc[t][0], t_acc[t][1]);
+          pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(t_acc[t][2], t_acc[t][3]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(o);
+        pin_a(pa);
+      }
       TRACE(26);
     }
     // Row sums: the 4 lanes of a row hold disjoint columns (fixed butterfly order).

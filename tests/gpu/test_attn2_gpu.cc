@@ -335,7 +335,7 @@ TEST_F(Attn2Gpu, Windows) {
   for (int w : {2048, 100})
     for (int mml : {2048, 8192, 131072}) {
       std::vector<int> lens;
-      for (int L : {8, 100, 107, 108, 1000, 2055, 2056, 5000, mml})
+      for (int L : {8, 100, 107, 108, 1000, 2055, 2056, 5000, 5010, mml})  // 5010: 130 pages under a 2048 window
         if (L <= mml && std::find(lens.begin(), lens.end(), L) == lens.end()) lens.push_back(L);
       SCOPED_TRACE(::testing::Message() << "window " << w << ", max_model_len " << mml);
       Problem p(2, lens, mml, w, 1000 + w + mml);
