@@ -13,7 +13,9 @@
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
-            # tk0 (split merge through the acq_rel counter, not the ticket), ep0 (short L: the push waits for the whole cluster's loops), tl0 (one tile more than warpgroups: pairs, not a tail pass),
+            # tk0 (split merge through the acq_rel counter, not the ticket),
+            # ep0 (short L: the push waits for the whole cluster's loops),
+            # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12),

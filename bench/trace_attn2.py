@@ -105,7 +105,7 @@ def main():
                       f"{max(v[2 + j][1] for v in late):6.2f}")
             print(f"#   CTAs whose loop ends > 1 us after the median CTA's, per call: median {med(n_late)}, "
                   f"max {max(n_late)}")
-            mates = [v[10] for v in late if v[10] == v[10]]
+            mates = [v[10] for v in late if v[10] == v[10]]  # (NaN: no other CTA on that SM)
             if mates:
                 print(f"#   the other CTA on its SM: loop done minus the median CTA: median {med(mates):.2f}, "
                       f"same cluster in {sum(v[11] == v[0] for v in late)} of {len(late)} calls")

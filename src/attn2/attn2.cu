@@ -58,6 +58,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/launch.cuh"
 #include "../common/tensor_map_cache.h"
@@ -1061,16 +1062,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     };
     // The tile's masks (keys past a row's position or below its window), then
     // online_softmax; alpha is applied to O once the previous P V is done.
-    auto softmax = [&](int key0, bool masked, float (&alpha)[2]) {
-      if (masked) mask_tile(s_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
-      online_softmax(s_acc, m_run, l_run, alpha);
+    // (acc: a tile's S, 8 n-tiles, or the tail pass's 4.)
+    auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
+      if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
+      online_softmax(acc, m_run, l_run, alpha);
     };
-    auto rescale_and_pack = [&](const float (&alpha)[2]) {
+    auto rescale_and_pack = [&](auto& acc, const float (&alpha)[2]) {
       rescale(o, alpha);
+      constexpr int kN = std::extent_v<std::remove_reference_t<decltype(acc)>>;
 #pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        pa[t / 2][(t % 2) * 2] = pack_bf16(s_acc[t][0], s_acc[t][1]);
-        pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(s_acc[t][2], s_acc[t][3]);
+      for (int t = 0; t < kN; ++t) {
+        pa[t / 2][(t % 2) * 2] = pack_bf16(acc[t][0], acc[t][1]);
+        pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(acc[t][2], acc[t][3]);
       }
     };
     // Software pipeline (FA3's intra-warpgroup overlap): while the tensor
@@ -1086,8 +1089,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       wgmma_wait<0>();
       pin(s_acc);
       TRACE(24);
-      softmax(key0, masked, alpha);
-      rescale_and_pack(alpha);
+      softmax(s_acc, key0, masked, alpha);
+      rescale_and_pack(s_acc, alpha);
       TRACE(25);
       auto release = [&](int it, int st) {
         __syncwarp();
@@ -1104,12 +1107,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         issue_pv(s);
         wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
         pin(s_acc);
-        softmax(key0, masked, alpha);
+        softmax(s_acc, key0, masked, alpha);
         wgmma_wait<0>();
         pin(o);
         pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
         release(it, s);
-        rescale_and_pack(alpha);
+        rescale_and_pack(s_acc, alpha);
         s = s_next;
       }
       issue_pv(s);
@@ -1128,14 +1131,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         wgmma_commit();
         wgmma_wait<0>();
         pin4(t_acc);
-        if (masked) mask_tile(t_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
-        online_softmax(t_acc, m_run, l_run, alpha);
-        rescale(o, alpha);
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          pa[t / 2][(t % 2) * 2] = pack_bf16(t_acc[t][0], t_acc[t][1]);
-          pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(t_acc[t][2], t_acc[t][3]);
-        }
+        softmax(t_acc, key0, masked, alpha);
+        rescale_and_pack(t_acc, alpha);  // (pa[0], pa[1]: keys 0-31)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk)
