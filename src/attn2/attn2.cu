@@ -323,15 +323,10 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 
 // Keeps the compiler from moving accumulator registers across the asynchronous MMAs.
-__device__ __forceinline__ void pin(float (&d)[8][4]) {
+template <int N>
+__device__ __forceinline__ void pin(float (&d)[N][4]) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
-    asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
-}
-
-__device__ __forceinline__ void pin4(float (&d)[4][4]) {
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < N; ++n)
     asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
 }
 
@@ -352,7 +347,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
 }
 
 // The same with N = 32: d (64 x 32) of the tail pass (see MUSE_ATTN2_TAIL).
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n\t}"
@@ -838,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   bool bad = false;
   int active;
-  bool early_push = false;  // (see below; the mma.sync path never)
+  [[maybe_unused]] bool early_push = false;  // (see below; the mma.sync path and the pull merge never)
 #if MUSE_ATTN2_WGMMA_PATH
   // Tiles of 4 pages go round-robin over the warpgroups of the active slices:
   // warpgroup vme takes tiles vme, vme + wgs, ... (tile t: pages first_page + 4t ..).
@@ -894,7 +889,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // tiles each, the oldest ones in pairs, both copied before the wait, and
   // the others one each, so that the newest tile (this step's keys, copied
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
-  const bool tail = MUSE_ATTN2_TAIL && MUSE_ATTN2_WGMMA_PATH && kOneSlice && num_tiles == wgs + 1 &&
+  const bool tail = MUSE_ATTN2_TAIL && kOneSlice && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
   const bool has_tail = tail && vme == 0;  // this warpgroup's second tile is the tail pass
   const int r_two =
@@ -1045,18 +1040,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float s_acc[8][4];  // S of one tile (64 rows x 64 keys), then its P in fp32
     uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
     // S = Q K^T: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
-    auto issue_s = [&](int s) {
+    // (acc: a tile's S, 8 n-tiles, or the tail pass's 4.)
+    auto issue_s = [&](auto& acc, int s) {
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
-        wgmma_ss(s_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
+        wgmma_ss(acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
       wgmma_commit();
     };
-    // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows), asynchronous.
-    auto issue_pv = [&](int s) {
+    // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows),
+    // asynchronous; the tail pass takes its first 2 k-steps only.
+    auto issue_pv = [&](int s, int ksteps = 4) {
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < ksteps; ++kk)
         wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
       wgmma_commit();
     };
@@ -1085,7 +1082,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       float alpha[2];
       int s = tile_ready(0, key0, masked);
       PROBE(5);
-      issue_s(s);
+      issue_s(s_acc, s);
       wgmma_wait<0>();
       pin(s_acc);
       TRACE(24);
@@ -1103,7 +1100,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       const int loop_tiles = my_tiles - (has_tail ? 1 : 0);  // the tail pass follows the loop
       for (int it = 0; it + 1 < loop_tiles; ++it) {
         const int s_next = tile_ready(it + 1, key0, masked);
-        issue_s(s_next);
+        issue_s(s_acc, s_next);
         issue_pv(s);
         wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
         pin(s_acc);
@@ -1124,20 +1121,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         static_assert(kTailPages * kPageSize == 32, "the tail pass is m64n32");
         s = tile_ready(1, key0, masked);
         float t_acc[4][4];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-          wgmma_ss_n32(t_acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
-        wgmma_commit();
+        issue_s(t_acc, s);
         wgmma_wait<0>();
-        pin4(t_acc);
+        pin(t_acc);
         softmax(t_acc, key0, masked, alpha);
         rescale_and_pack(t_acc, alpha);  // (pa[0], pa[1]: keys 0-31)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-          wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
-        wgmma_commit();
+        issue_pv(s, kTailPages * kPageSize / 16);
         wgmma_wait<0>();
         pin(o);
         pin_a(pa);
