@@ -19,7 +19,7 @@ import struct
 import sys
 
 PHASES = [  # record index, name (see PROBE / TRACE in src/attn2/attn2.cu)
-    (0, "entry"), (2, "L read"), (28, "early issued"), (3, "past wait"), (29, "all issued"), (4, "Q staged"), (5, "tile 0 ready"), (24, "tile 0: S done"), (25, "tile 0: softmax"), (22, "tile 1 ready"), (23, "tile 2 ready"),
+    (0, "entry"), (1, "init synced"), (2, "L read"), (30, "tiles assigned"), (31, "batch ids"), (28, "early issued"), (3, "past wait"), (29, "all issued"), (4, "Q staged"), (5, "tile 0 ready"), (24, "tile 0: S done"), (25, "tile 0: softmax"), (22, "tile 1 ready"), (23, "tile 2 ready"),
     (26, "last P V done"), (27, "both halves done"),
     (6, "key loop done"), (19, "state in smem"), (7, "cluster synced"), (15, "cluster merged"),
     (16, "partial stored"), (17, "ticket/tag"), (21, "merger 1st poll/tags"), (18, "merger loaded"), (9, "out stored"), (11, "exit"),
@@ -61,8 +61,33 @@ def main():
         a, b, c = per_phase[i]
         if a:
             print(f"  {name:16s} {med(a):7.2f} {med(b):7.2f} {med(c):7.2f}   ({len(a)} calls)")
+    # Where the working CTAs (those that had a tile) sit: SMs holding two of them
+    # share their MUFU, tensor cores and copy bandwidth.
+    occ = []
+    for cur in calls[2:]:
+        sms = {}
+        for r in cur:
+            if r[5]:
+                sms[r[10]] = sms.get(r[10], 0) + 1
+        occ.append((sum(sms.values()), len(sms), sum(1 for v in sms.values() if v > 1)))
+    if occ:
+        print(f"# working CTAs per call: median {med(o[0] for o in occ)}, on {med(o[1] for o in occ)} SMs, "
+              f"{med(o[2] for o in occ)} SMs with two (max {max(o[2] for o in occ)})")
     if len(sys.argv) > 3:
         cl = int(sys.argv[3])
+        pairs = {}
+        for cur in calls[2:]:
+            by_sm = {}
+            for r in cur:
+                if r[5]:
+                    by_sm.setdefault(r[10], []).append(r[12] // cl)
+            for v in by_sm.values():
+                if len(v) > 1:
+                    key = tuple(sorted(v))
+                    pairs[key] = pairs.get(key, 0) + 1
+        if pairs:
+            top = sorted(pairs.items(), key=lambda kv: -kv[1])[:8]
+            print(f"# working clusters sharing an SM (pair: SM-calls): {dict(top)}")
         rows = {}
         for prev, cur in zip(calls[1:-1], calls[2:]):
             e_prev = max(r[11] for r in prev)

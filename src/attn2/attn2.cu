@@ -211,6 +211,15 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // Where no warpgroup fills its last stage (short L), the push starts as soon
 // as the CTA's own key loop is done (see early_push); 0 (token ep0): once
 // every CTA of the cluster is past its loop.
+// PDL trigger: where every key loop of the launch is short (the one-slice
+// kernel always; the general kernel where early_push holds, known once L is
+// read), the next launch may start at once, so that its CTAs read their
+// lengths and block table and issue their first copies while this one
+// computes; elsewhere after the key loop (at the start there: TP8 32k +0.2,
+// 128k +0.45 us). 0 (token et0): always after the key loop.
+#ifndef MUSE_ATTN2_EARLY_TRIGGER
+#define MUSE_ATTN2_EARLY_TRIGGER 1
+#endif
 #ifndef MUSE_ATTN2_EARLY_PUSH
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
@@ -758,6 +767,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();
   PROBE(1);
+  if (kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) allow_dependents();  // (short loops only)
 
 #if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
@@ -924,7 +934,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
                 "the receive area lies in warpgroup 0's last stage only");
   early_push = late_rounds == INT_MAX && num_tiles <= (kWgStages - 1) * wgs;
   if (early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (!kOneSlice && MUSE_ATTN2_EARLY_TRIGGER && early_push) allow_dependents();  // (the call after the loop then does nothing)
 #endif
+  TRACE(30);
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
   // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -981,6 +993,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         first_page + tile_of(0) * kTilePages + lane <= last_page)
       ids0 = bt[first_page + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
+    TRACE(31);
     const int early = r_two > 0 ? 2 : kEarlyTiles;
     while (issued < min(ring, early) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
