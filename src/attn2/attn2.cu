@@ -979,10 +979,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   };
   // PDL: up to here the kernel has read only the lengths and the block
   // table, and below it copies up to kEarlyTiles tiles of keys older than
-  // this step's 8 (positions < L - 8), before griddepcontrol.wait. The
-  // kernel before attn2 (qkv_front) writes q, gate and those 8 keys, and lets
-  // attn2 start only once it is past its own wait, so nothing read early can
-  // still be written.
+  // this step's 8 (positions < L - 8), before griddepcontrol.wait. No kernel
+  // of a step writes those (qkv_front writes q, gate and the step's 8 keys,
+  // after its own wait); the kernels before may still run (qkv_front, and
+  // attn2 itself where its loops are short, trigger before their wait).
   const int first_new_page = (L - kVerifyLen) / kPageSize;  // pages from here on hold this step's keys
   const int ring = min(kWgStages, my_tiles);
   int issued = 0;
