@@ -16,6 +16,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # tk0 (split merge through the acq_rel counter, not the ticket),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short),
+            # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
@@ -42,6 +43,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et0) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=0";;
+      gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;

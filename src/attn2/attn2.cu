@@ -223,6 +223,11 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_EARLY_PUSH
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
+// The gate's sigmoid before the cluster merge's wait where every loop is short
+// (below); 0 (token gh0): always after the merges.
+#ifndef MUSE_ATTN2_GATE_EARLY
+#define MUSE_ATTN2_GATE_EARLY 1
+#endif
 
 // The cluster barrier's arrival after the cluster merge without release
 // semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
@@ -648,19 +653,26 @@ __device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float
   f[3] = sc * f[3] + w * ok.w;
 }
 
+// sigmoid of 4 gate columns (bf16): known before the merges, so computed
+// while they are in flight.
+__device__ __forceinline__ void gate_sigmoid(const uint2 g, float (&sg)[4]) {
+  const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
+  const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
+  const float gv[4] = {g01.x, g01.y, g23.x, g23.y};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sg[k] = 1.0f / (1.0f + __expf(-gv[k]));
+}
+
 // out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for 4 columns of a row
-// whose 64 columns are spread over 16 consecutive lanes.
-__device__ __forceinline__ void finish_row(const float (&o)[4], const uint2 g, __nv_bfloat16* out) {
+// whose 64 columns are spread over 16 consecutive lanes; sg from gate_sigmoid.
+__device__ __forceinline__ void finish_row(const float (&o)[4], const float (&sg)[4], __nv_bfloat16* out) {
   float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
 #pragma unroll
   for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
   const float rms = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
-  const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
-  const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
-  const float gv[4] = {g01.x, g01.y, g23.x, g23.y};
   float y[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = o[k] * rms / (1.0f + __expf(-gv[k]));
+  for (int k = 0; k < 4; ++k) y[k] = o[k] * rms * sg[k];
   uint2 v;
   v.x = pack_bf16(y[0], y[1]);
   v.y = pack_bf16(y[2], y[3]);
@@ -1429,6 +1441,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
+  float sg[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the merger threads' gate, sigmoid applied
+  // (Where loops are short, while the merges are in flight; after them at long
+  // L, where computing it here made TP8 128k 0.6 us slower, 32k 0.15.)
+  const bool gate_early = MUSE_ATTN2_GATE_EARLY && (kOneSlice || early_push);
+  if (gate_early && merger) gate_sigmoid(s_gate[threadIdx.x], sg);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float m_all = -INFINITY, l_all = 0.0f;
 #if MUSE_ATTN2_PUSH_MERGE
@@ -1487,7 +1504,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     if (merger) {
       const float inv = 1.0f / l_all;
       const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
-      finish_row(ov, s_gate[threadIdx.x], out_ptr);
+      if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
+      finish_row(ov, sg, out_ptr);
       PROBE(9);
     }
     cluster_wait();  // no CTA leaves while others read its shared memory
@@ -1638,7 +1656,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   TRACE(18);
   const float inv = 1.0f / l_sum;
   const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
-  finish_row(ov, s_gate[threadIdx.x], out_ptr);
+  if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
+  finish_row(ov, sg, out_ptr);
   PROBE(9);
   cluster_wait();
   TRACE(11);
