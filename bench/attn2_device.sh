@@ -20,7 +20,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
-            # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12),
+            # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
+            # N round-robin rounds on; below, its full share; v20: lt2,lm0),
             # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
@@ -48,6 +49,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
+      lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
       pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;

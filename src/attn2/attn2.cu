@@ -177,13 +177,20 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #define MUSE_ATTN2_INTERLEAVE 1
 #endif
 
-// How many tiles later than the others the grid's last cluster starts its
-// key loop under PDL (idle_last_cluster): it starts 2.5-3.5 us late, about two
-// tiles' worth at TP8 128k (2 us per tile and warpgroup by the trace).
+// How many tiles fewer per warpgroup the grid's last cluster takes, placed
+// late under PDL (idle_last_cluster: it starts 2.5-3.5 us late, by the
+// trace), and from how many round-robin rounds on (below that it takes its
+// full share). TP8 PDL us, same call: 32k 10.85-10.96 with 2 tiles fewer
+// (which left it nothing there), 11.06-11.09 with 1, 10.80-10.81 with its
+// full share; 128k 24.20-24.30 / 23.87-23.91 / 24.47-24.59.
 #ifndef MUSE_ATTN2_LATE_TILES
-#define MUSE_ATTN2_LATE_TILES 2
+#define MUSE_ATTN2_LATE_TILES 1
 #endif
-[[maybe_unused]] constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;  // (the mma.sync path never uses it)
+#ifndef MUSE_ATTN2_LATE_MIN_ROUNDS
+#define MUSE_ATTN2_LATE_MIN_ROUNDS 4
+#endif
+[[maybe_unused]] constexpr int kLateTiles = MUSE_ATTN2_LATE_TILES;  // (the mma.sync path never uses these)
+[[maybe_unused]] constexpr int kLateMinRounds = MUSE_ATTN2_LATE_MIN_ROUNDS;
 
 // The cluster merge pushes instead of pulling: each CTA arrives on the
 // cluster barrier as soon as its key loop is done (its stages are free), and
@@ -893,7 +900,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // warpgroups (wn of them). Where that leaves it nothing, its pair takes one
   // slice fewer and the cluster leaves at once.
   int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
-  if (idle_last_cluster(p, active, kvh, req, interleaved)) {
+  if (num_tiles / (2 * active * kCluster) >= kLateMinRounds && idle_last_cluster(p, active, kvh, req, interleaved)) {
     const int q = num_tiles / (2 * active * kCluster) - kLateTiles;
     if (q > 0)
       late_rounds = q;
