@@ -178,7 +178,7 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #endif
 
 // How many tiles fewer per warpgroup the grid's last cluster takes, placed
-// late under PDL (idle_last_cluster: it starts 2.5-3.5 us late, by the
+// late under PDL (idle_last_cluster: it started 2.5-3.5 us late in v14's
 // trace), and from how many round-robin rounds on (below that it takes its
 // full share). TP8 PDL us, same call: 32k 10.85-10.96 with 2 tiles fewer
 // (which left it nothing there), 11.06-11.09 with 1, 10.80-10.81 with its
@@ -218,6 +218,9 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // Where no warpgroup fills its last stage (short L), the push starts as soon
 // as the CTA's own key loop is done (see early_push); 0 (token ep0): once
 // every CTA of the cluster is past its loop.
+#ifndef MUSE_ATTN2_EARLY_PUSH
+#define MUSE_ATTN2_EARLY_PUSH 1
+#endif
 // PDL trigger: where every key loop of the launch is short (the one-slice
 // kernel always; the general kernel where early_push holds, known once L is
 // read), the next launch may start at once, so that its CTAs read their
@@ -226,9 +229,6 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // 128k +0.45 us). 0 (token et0): always after the key loop.
 #ifndef MUSE_ATTN2_EARLY_TRIGGER
 #define MUSE_ATTN2_EARLY_TRIGGER 1
-#endif
-#ifndef MUSE_ATTN2_EARLY_PUSH
-#define MUSE_ATTN2_EARLY_PUSH 1
 #endif
 // The gate's sigmoid before the cluster merge's wait where every loop is short
 // (below); 0 (token gh0): always after the merges.
@@ -599,8 +599,9 @@ __device__ __forceinline__ void allow_dependents() {
 // 14 clusters of 16; the trace in bench/NOTES-attn2.md), and its loads then
 // queue behind everyone's tile copies. Where every slice would be in use
 // (host: idle_last), that cluster's warpgroups take kLateTiles fewer tiles
-// than the others (wgmma path), or none: its pair then takes one slice fewer
-// and it leaves at once (at shorter L, and always on the mma.sync path).
+// than the others from kLateMinRounds round-robin rounds on, and their full
+// share below that (wgmma path); on the mma.sync path none: its pair then
+// takes one slice fewer and it leaves at once.
 // With the slices interleaved (wgmma path, one request) the grid's last two
 // clusters are the last slice of the last two KV heads, and both are placed
 // late (TP8 128k trace: the previous call's mergers hold slots in two SM
