@@ -898,8 +898,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // (idle_last_cluster): its warpgroups take only the first late_rounds
   // rounds of the round-robin, kLateTiles fewer than the others' whole
   // rounds, and the tiles after those rounds go round-robin over the other
-  // warpgroups (wn of them). Where that leaves it nothing, its pair takes one
-  // slice fewer and the cluster leaves at once.
+  // warpgroups (wn of them), from kLateMinRounds whole rounds on. Where that
+  // leaves it nothing (only where kLateTiles >= kLateMinRounds, as in the A/B
+  // builds `lt2,lm0`), its pair takes one slice fewer and the cluster leaves.
   int late_rounds = INT_MAX;  // no late cluster: every tile in round-robin over all warpgroups
   if (num_tiles / (2 * active * kCluster) >= kLateMinRounds && idle_last_cluster(p, active, kvh, req, interleaved)) {
     const int q = num_tiles / (2 * active * kCluster) - kLateTiles;
