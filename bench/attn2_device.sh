@@ -42,6 +42,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
+      mt0) f="$f -DMUSE_ATTN2_MERGE_TWO_PASS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et0) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=0";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;

@@ -248,6 +248,12 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_TICKET_MERGE
 #define MUSE_ATTN2_TICKET_MERGE 1
 #endif
+// The ticket merge's merger merges each round in two passes, the round's max
+// first, then the weighted sums (0, token mt0: one slice after the other,
+// each rescaling the sums so far).
+#ifndef MUSE_ATTN2_MERGE_TWO_PASS
+#define MUSE_ATTN2_MERGE_TWO_PASS 1
+#endif
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
@@ -647,6 +653,7 @@ __device__ __forceinline__ void combine_ranks(const float4 (&ok)[kCluster], floa
   }
 }
 
+#if !MUSE_ATTN2_TICKET_MERGE || !MUSE_ATTN2_MERGE_TWO_PASS
 // One slice's partial (m in the log2 domain, l, 4 columns of O) into the
 // running merge of a row's slices.
 __device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float& m_max, float& l_sum, float (&f)[4]) {
@@ -660,6 +667,7 @@ __device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float
   f[2] = sc * f[2] + w * ok.z;
   f[3] = sc * f[3] + w * ok.w;
 }
+#endif
 
 // sigmoid of 4 gate columns (bf16): known before the merges, so computed
 // while they are in flight.
@@ -1601,6 +1609,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         clear_ws(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]));
       }
     }
+#if MUSE_ATTN2_MERGE_TWO_PASS
+    // The round's largest m first (exact whatever the order), then every
+    // slice's weight at once; the sums stay in slice order.
+    float mk[kRound], lk[kRound], ok[kRound][4];
+    float m_round = m_max;
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      const int z = z0 + k;
+      const bool own = z == split;
+      mk[k] = own ? m_all : ws_value(ml[k].x);
+      lk[k] = own ? l_all : ws_value(ml[k].y);
+      ok[k][0] = own ? acc[0] : ws_value(ov[k].x);
+      ok[k][1] = own ? acc[1] : ws_value(ov[k].y);
+      ok[k][2] = own ? acc[2] : ws_value(ov[k].z);
+      ok[k][3] = own ? acc[3] : ws_value(ov[k].w);
+      if (z < active) m_round = fmaxf(m_round, mk[k]);
+    }
+    const float mu = m_round == -INFINITY ? 0.0f : m_round;  // nothing visible yet: every weight 0
+    const float sc = fast_exp2(m_max - mu);
+    m_max = m_round;
+    l_sum *= sc;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) f[c] *= sc;
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      if (z0 + k < active) {
+        const float w = fast_exp2(mk[k] - mu);
+        l_sum = fmaf(w, lk[k], l_sum);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f[c] = fmaf(w, ok[k][c], f[c]);
+      }
+    }
+#else
 #pragma unroll
     for (int k = 0; k < kRound; ++k) {
       const int z = z0 + k;
@@ -1613,6 +1654,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
                       l_sum, f);
       }
     }
+#endif
   }
 #else
   cluster_arrive();  // done with the other CTAs' shared memory
