@@ -100,9 +100,11 @@ for v in $VARIANTS; do
 done
 stamp built
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-timeout ${TEST_TIMEOUT:-200} "$B/attn2_gpu_tests" --gtest_filter="${FILTER:-Attn2*}" > "$B/tests.log" 2>&1
+# SANITIZER=memcheck (or racecheck, synccheck, initcheck): the tests under compute-sanitizer.
+timeout ${TEST_TIMEOUT:-200} ${SANITIZER:+compute-sanitizer --tool "$SANITIZER" --error-exitcode 9} \
+  "$B/attn2_gpu_tests" --gtest_filter="${FILTER:-Attn2*}" > "$B/tests.log" 2>&1
 echo "# tests exit $?"
-grep -E "^\[ attn2|OK|FAILED|PASSED|Failure|error|Expected|Which|differs|must" "$B/tests.log" | head -80
+grep -E "^\[ attn2|OK|FAILED|PASSED|Failure|error|Expected|Which|differs|must|ERROR SUMMARY|Invalid|Race|Hazard" "$B/tests.log" | head -80
 stamp tests
 # Nsight Compute on chosen shapes (bench --only INDEX), one kernel each: NCU_SHAPES="5 7"
 for i in ${NCU_SHAPES:-}; do
