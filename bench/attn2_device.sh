@@ -14,6 +14,7 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
+            # mt0 (the ticket merge one slice after the other, not in two passes per round),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short),
             # gh0 (the gate's sigmoid always after the merges),
