@@ -14,7 +14,9 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
-            # mt0 (the ticket merge one slice after the other, not in two passes per round),
+            # mt0 (the ticket merge one slice after the other, not in two passes per round; with wr0),
+            # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow;
+            # pm0, mf0, mt0, tk0 and ncm<N> need it),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short),
             # gh0 (the gate's sigmoid always after the merges),
@@ -44,6 +46,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
       mt0) f="$f -DMUSE_ATTN2_MERGE_TWO_PASS=0";;
+      wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et0) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=0";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;

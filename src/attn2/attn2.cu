@@ -254,6 +254,15 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_MERGE_TWO_PASS
 #define MUSE_ATTN2_MERGE_TWO_PASS 1
 #endif
+// The work after the key loop (the cluster merge of a CTA's rows, the split
+// merge, the o-norm and gate) runs on 32 threads per row with 2 columns each
+// where the first warpgroup has that many threads (clusters of 16: 4 rows per
+// CTA), else on 16 threads with 4 columns: its chains are latency-bound, so
+// half the columns per thread shortens them. MUSE_ATTN2_WIDE_ROWS=0 (token
+// wr0): always 16 threads per row.
+#ifndef MUSE_ATTN2_WIDE_ROWS
+#define MUSE_ATTN2_WIDE_ROWS 1
+#endif
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
@@ -629,27 +638,26 @@ __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int acti
          kvh >= p.num_kv_heads - late_heads && req == p.num_reqs - 1;
 }
 
-// The cluster merge of one row, in rank order: ok[k] holds this thread's 4
-// columns of rank k's O (fp16 scaled, or fp32), lane j of the row's 16 holds
-// rank j's (m, l, 2^e) in mlj; the weights go round by shuffles.
-template <int kCluster>
-__device__ __forceinline__ void combine_ranks(const float4 (&ok)[kCluster], float4 mlj, float& m_all, float& l_all,
-                                              float (&acc)[4]) {
+// The cluster merge of one row, in rank order: ok[k] holds this thread's
+// kCols columns of rank k's O (fp16 scaled, or fp32), lane j < kCluster of
+// the row's kRowThreads holds rank j's (m, l, 2^e) in mlj (the others -inf);
+// the weights go round by shuffles.
+template <int kCluster, int kRowThreads, int kCols>
+__device__ __forceinline__ void combine_ranks(const float (&ok)[kCluster][kCols], float4 mlj, float& m_all,
+                                              float& l_all, float (&acc)[kCols]) {
   m_all = mlj.x;
 #pragma unroll
-  for (int m = 1; m < 16; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
+  for (int m = 1; m < kRowThreads; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
   const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
   const float wlj = wj * mlj.y;
   const float wo = wj * mlj.z;  // rank j's O weight: its softmax weight times its row's 2^e
+  const int row_lane0 = threadIdx.x % 32 & ~(kRowThreads - 1);
 #pragma unroll
   for (int k = 0; k < kCluster; ++k) {
-    const int src = (threadIdx.x & 16) + k;  // lane k of this row's 16
-    const float w = __shfl_sync(0xFFFFFFFFu, wo, src);
-    l_all += __shfl_sync(0xFFFFFFFFu, wlj, src);
-    acc[0] += w * ok[k].x;
-    acc[1] += w * ok[k].y;
-    acc[2] += w * ok[k].z;
-    acc[3] += w * ok[k].w;
+    const float w = __shfl_sync(0xFFFFFFFFu, wo, row_lane0 + k);
+    l_all += __shfl_sync(0xFFFFFFFFu, wlj, row_lane0 + k);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] += w * ok[k][c];
   }
 }
 
@@ -669,31 +677,69 @@ __device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float
 }
 #endif
 
-// sigmoid of 4 gate columns (bf16): known before the merges, so computed
-// while they are in flight.
-__device__ __forceinline__ void gate_sigmoid(const uint2 g, float (&sg)[4]) {
+// sigmoid of kCols gate columns (bf16, the first kCols of g): known before
+// the merges, so computed while they are in flight.
+template <int kCols>
+__device__ __forceinline__ void gate_sigmoid(const uint2 g, float (&sg)[kCols]) {
   const float2 g01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.x));
   const float2 g23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g.y));
   const float gv[4] = {g01.x, g01.y, g23.x, g23.y};
 #pragma unroll
-  for (int k = 0; k < 4; ++k) sg[k] = 1.0f / (1.0f + __expf(-gv[k]));
+  for (int k = 0; k < kCols; ++k) sg[k] = 1.0f / (1.0f + __expf(-gv[k]));
 }
 
-// out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for 4 columns of a row
-// whose 64 columns are spread over 16 consecutive lanes; sg from gate_sigmoid.
-__device__ __forceinline__ void finish_row(const float (&o)[4], const float (&sg)[4], __nv_bfloat16* out) {
-  float ss = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+// out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for kCols columns of
+// a row whose 64 columns are spread over kRowThreads consecutive lanes; sg
+// from gate_sigmoid.
+template <int kRowThreads, int kCols>
+__device__ __forceinline__ void finish_row(const float (&o)[kCols], const float (&sg)[kCols], __nv_bfloat16* out) {
+  float ss = 0.0f;
 #pragma unroll
-  for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
+  for (int k = 0; k < kCols; ++k) ss = fmaf(o[k], o[k], ss);
+#pragma unroll
+  for (int m = 1; m < kRowThreads; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
   const float rms = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
-  float y[4];
+  float y[kCols];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = o[k] * rms * sg[k];
-  uint2 v;
-  v.x = pack_bf16(y[0], y[1]);
-  v.y = pack_bf16(y[2], y[3]);
-  *reinterpret_cast<uint2*>(out) = v;
+  for (int k = 0; k < kCols; ++k) y[k] = o[k] * rms * sg[k];
+  if constexpr (kCols == 4) {
+    uint2 v;
+    v.x = pack_bf16(y[0], y[1]);
+    v.y = pack_bf16(y[2], y[3]);
+    *reinterpret_cast<uint2*>(out) = v;
+  } else {
+    static_assert(kCols == 2, "rows of 16 or 32 threads");
+    *reinterpret_cast<uint32_t*>(out) = pack_bf16(y[0], y[1]);
+  }
 }
+
+#if MUSE_ATTN2_TICKET_MERGE
+// The split path's words of kCols columns (see st_ws).
+template <int kCols>
+__device__ __forceinline__ void st_ws_cols(float* at, const float (&v)[kCols]) {
+  if constexpr (kCols == 4)
+    st_ws(reinterpret_cast<float4*>(at), make_float4(v[0], v[1], v[2], v[3]));
+  else
+    st_ws(reinterpret_cast<float2*>(at), make_float2(v[0], v[1]));
+}
+template <int kCols>
+__device__ __forceinline__ void ld_ws_cols(const float* at, uint32_t (&w)[kCols]) {
+  if constexpr (kCols == 4) {
+    const uint4 v = ld_ws(reinterpret_cast<const float4*>(at));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else {
+    const uint2 v = ld_ws(reinterpret_cast<const float2*>(at));
+    w[0] = v.x, w[1] = v.y;
+  }
+}
+template <int kCols>
+__device__ __forceinline__ void clear_ws_cols(float* at) {
+  if constexpr (kCols == 4)
+    clear_ws(reinterpret_cast<float4*>(at));
+  else
+    clear_ws(reinterpret_cast<float2*>(at));
+}
+#endif
 
 // Diagnostics (-DMUSE_ATTN2_PROBE, experiments only): CTA (0, 0, 0), thread 0
 // stamps %globaltimer at its phases into a ring of 16 calls; the process
@@ -811,9 +857,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // Loads that do not depend on L go first, so that they overlap its latency:
   // the consumers' 16 Q rows, the gate of the rows this CTA finishes.
   constexpr int kMergeRows = kRows / kCluster;
-  const bool merger = threadIdx.x < kMergeRows * 16;
-  const int row = rank * kMergeRows + threadIdx.x / 16;  // = local head * 8 + token
-  const int d = (threadIdx.x % 16) * 4;
+  // kRowThreads threads per merged row, kCols columns each (MUSE_ATTN2_WIDE_ROWS).
+  constexpr int kRowThreads = MUSE_ATTN2_WIDE_ROWS && kMergeRows * 32 <= kRowWarps * 32 ? 32 : 16;
+  constexpr int kCols = kHeadDim / kRowThreads;
+  const bool merger = threadIdx.x < kMergeRows * kRowThreads;
+  const int row = rank * kMergeRows + threadIdx.x / kRowThreads;  // = local head * 8 + token
+  const int d = (threadIdx.x % kRowThreads) * kCols;
   const int token = row % kVerifyLen;
   int head = kvh * kHeadsPerKvHead + row / kVerifyLen;
   const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
@@ -821,9 +870,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kQLoads = 4 / kKeySplit;  // 16-byte loads per lane: the two warps of a row block share them
   uint4 qv[kQLoads];
   auto load_q_and_gate = [&] {
-    if (merger)
-      gate_v = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride +
-                                               head * kHeadDim + d);
+    if (merger) {
+      const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + head * kHeadDim + d;
+      if constexpr (kCols == 4)
+        gate_v = *reinterpret_cast<const uint2*>(g);
+      else
+        gate_v.x = *reinterpret_cast<const uint32_t*>(g);
+    }
     // Row block rw: rows rw*16 + r (head 2rw + r / 8, token r % 8), 8 x 16 bytes each.
 #pragma unroll
     for (int k = 0; k < kQLoads; ++k) {
@@ -1458,33 +1511,43 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
-  float sg[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // the merger threads' gate, sigmoid applied
+  float sg[kCols];  // the merger threads' gate, sigmoid applied
   // (Where loops are short, while the merges are in flight; after them at long
   // L, where computing it here made TP8 128k 0.6 us slower, 32k 0.15.)
   const bool gate_early = MUSE_ATTN2_GATE_EARLY && (kOneSlice || early_push);
   if (gate_early && merger) gate_sigmoid(s_gate[threadIdx.x], sg);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float m_all = -INFINITY, l_all = 0.0f;
 #if MUSE_ATTN2_PUSH_MERGE
   if (merger) {
     // Every rank's piece of this row from the receive area, once all landed;
     // then the same sums as the pull merge, in rank order.
     mbar_wait(&recv_bar, 0);
-    const int j = threadIdx.x % 16, rr = threadIdx.x / 16;  // rr = row % kMergeRows
+    const int j = threadIdx.x % kRowThreads, rr = threadIdx.x / kRowThreads;  // rr = row % kMergeRows
     const __half* rcv_o = reinterpret_cast<const __half*>(smem + kRecvOffset);
     const float4* rcv_mls = reinterpret_cast<const float4*>(smem + kRecvOffset + kRows * kHeadDim * 2);
-    float4 ok[kCluster];
+    float ok[kCluster][kCols];
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const uint2 h = *reinterpret_cast<const uint2*>(rcv_o + (k * kMergeRows + rr) * kHeadDim + d);
-      ok[k] = half4_to_float4(h.x, h.y);
+      const __half* at = rcv_o + (k * kMergeRows + rr) * kHeadDim + d;
+      if constexpr (kCols == 4) {
+        const uint2 h = *reinterpret_cast<const uint2*>(at);
+        const float4 v = half4_to_float4(h.x, h.y);
+        ok[k][0] = v.x, ok[k][1] = v.y, ok[k][2] = v.z, ok[k][3] = v.w;
+      } else {
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(at));
+        ok[k][0] = v.x, ok[k][1] = v.y;
+      }
     }
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
-    combine_ranks(ok, mlj, m_all, l_all, acc);
+    combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
   }
 #elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
   if (merger) {
+    static_assert(kCols == 4, "the timing-only builds take -DMUSE_ATTN2_WIDE_ROWS=0");
     const float4 own = *reinterpret_cast<const float4*>(merge_o + row * kMergeStride + d);
     acc[0] = own.x, acc[1] = own.y, acc[2] = own.z, acc[3] = own.w;
     m_all = s_mls[row].x;
@@ -1496,20 +1559,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // one per CTA): the row's 16 threads each load 4 columns of O from every
     // CTA, and lane j of the row only CTA j's m and l (not all 16 the same);
     // the weights then go round by shuffles. The rank order of the sums is fixed.
+    static_assert(kCols == 4, "the pull merge (pm0, mf0, ncm3) takes -DMUSE_ATTN2_WIDE_ROWS=0");
     const int j = threadIdx.x % 16;
-    float4 ok[kCluster];
+    float4 ok4[kCluster];
+    float ok[kCluster][kCols];
 #if MUSE_ATTN2_MERGE_F16
     const uint32_t o_addr = smem_addr(reinterpret_cast<const __half*>(merge_o) + row * kMergeStrideH + d);
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_f16x4(map_rank(o_addr, k));
+    for (int k = 0; k < kCluster; ++k) ok4[k] = ld_cluster_f16x4(map_rank(o_addr, k));
 #else
     const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok[k] = ld_cluster_v4(map_rank(o_addr, k));
+    for (int k = 0; k < kCluster; ++k) ok4[k] = ld_cluster_v4(map_rank(o_addr, k));
 #endif
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = ld_cluster_v4(map_rank(smem_addr(&s_mls[row]), j));
-    combine_ranks(ok, mlj, m_all, l_all, acc);
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) ok[k][0] = ok4[k].x, ok[k][1] = ok4[k].y, ok[k][2] = ok4[k].z, ok[k][3] = ok4[k].w;
+    combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
   }
 #endif
   TRACE(15);
@@ -1520,9 +1587,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     cluster_arrive();  // done with the other CTAs' shared memory
     if (merger) {
       const float inv = 1.0f / l_all;
-      const float ov[4] = {acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv};
+      float ov[kCols];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) ov[c] = acc[c] * inv;
       if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-      finish_row(ov, sg, out_ptr);
+      finish_row<kRowThreads>(ov, sg, out_ptr);
       PROBE(9);
     }
     cluster_wait();  // no CTA leaves while others read its shared memory
@@ -1551,7 +1620,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (merger) {      // (the merger's own rows are not read back: they stay in registers)
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
     if (d == 0) st_ws(&ws_ml[at], make_float2(m_all, l_all));
-    st_ws(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
+    st_ws_cols(&ws_o[at * kHeadDim + d], acc);
   }
   TRACE(16);
   if (threadIdx.x == 0) {
@@ -1571,10 +1640,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // spill), read again until every word of the round is written, then cleared
   // and merged in slice order.
   constexpr int kRound = MUSE_ATTN2_WGMMA_PATH ? 8 : 4;  // the mma.sync path holds more registers
-  float m_max = -INFINITY, l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float m_max = -INFINITY, l_sum = 0.0f, f[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) f[c] = 0.0f;
   for (int z0 = 0; z0 < active; z0 += kRound) {
     uint2 ml[kRound];
-    uint4 ov[kRound];
+    uint32_t ov[kRound][kCols];
     for (;;) {
       bool written = true;
 #pragma unroll
@@ -1583,12 +1654,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         if (z < active && z != split) {
           const int64_t at = slice0 + static_cast<int64_t>(z) * kRows + row;
           ml[k] = ld_ws(&ws_ml[at]);
-          ov[k] = ld_ws(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
-          written = written && ml[k].x != 0u && ml[k].y != 0u && ov[k].x != 0u && ov[k].y != 0u && ov[k].z != 0u &&
-                    ov[k].w != 0u;
+          ld_ws_cols(&ws_o[at * kHeadDim + d], ov[k]);
+          written = written && ml[k].x != 0u && ml[k].y != 0u;
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) written = written && ov[k][c] != 0u;
         }
       }
-      const bool all_written = __all_sync(0xFFFFFFFFu, written);  // the merger warps are whole (rows of 16 lanes)
+      const bool all_written = __all_sync(0xFFFFFFFFu, written);  // the merger warps are whole (rows of 16 or 32 lanes)
 #ifdef MUSE_ATTN2_TRACE
       if (threadIdx.x == 0) {  // polls of the merger's first warp, and when the first one returned
         unsigned long long t;
@@ -1606,13 +1678,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       if (z < active) {
         const int64_t at = slice0 + static_cast<int64_t>(z) * kRows + row;
         if (d == 0) clear_ws(&ws_ml[at]);
-        clear_ws(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]));
+        clear_ws_cols<kCols>(&ws_o[at * kHeadDim + d]);
       }
     }
 #if MUSE_ATTN2_MERGE_TWO_PASS
     // The round's largest m first (exact whatever the order), then every
     // slice's weight at once; the sums stay in slice order.
-    float mk[kRound], lk[kRound], ok[kRound][4];
+    float mk[kRound], lk[kRound], ok[kRound][kCols];
     float m_round = m_max;
 #pragma unroll
     for (int k = 0; k < kRound; ++k) {
@@ -1620,10 +1692,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       const bool own = z == split;
       mk[k] = own ? m_all : ws_value(ml[k].x);
       lk[k] = own ? l_all : ws_value(ml[k].y);
-      ok[k][0] = own ? acc[0] : ws_value(ov[k].x);
-      ok[k][1] = own ? acc[1] : ws_value(ov[k].y);
-      ok[k][2] = own ? acc[2] : ws_value(ov[k].z);
-      ok[k][3] = own ? acc[3] : ws_value(ov[k].w);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) ok[k][c] = own ? acc[c] : ws_value(ov[k][c]);
       if (z < active) m_round = fmaxf(m_round, mk[k]);
     }
     const float mu = m_round == -INFINITY ? 0.0f : m_round;  // nothing visible yet: every weight 0
@@ -1631,17 +1701,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     m_max = m_round;
     l_sum *= sc;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) f[c] *= sc;
+    for (int c = 0; c < kCols; ++c) f[c] *= sc;
 #pragma unroll
     for (int k = 0; k < kRound; ++k) {
       if (z0 + k < active) {
         const float w = fast_exp2(mk[k] - mu);
         l_sum = fmaf(w, lk[k], l_sum);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) f[c] = fmaf(w, ok[k][c], f[c]);
+        for (int c = 0; c < kCols; ++c) f[c] = fmaf(w, ok[k][c], f[c]);
       }
     }
 #else
+    static_assert(kCols == 4, "mt0 takes -DMUSE_ATTN2_WIDE_ROWS=0");
 #pragma unroll
     for (int k = 0; k < kRound; ++k) {
       const int z = z0 + k;
@@ -1650,13 +1721,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           merge_slice(m_all, l_all, make_float4(acc[0], acc[1], acc[2], acc[3]), m_max, l_sum, f);
         else
           merge_slice(ws_value(ml[k].x), ws_value(ml[k].y),
-                      make_float4(ws_value(ov[k].x), ws_value(ov[k].y), ws_value(ov[k].z), ws_value(ov[k].w)), m_max,
-                      l_sum, f);
+                      make_float4(ws_value(ov[k][0]), ws_value(ov[k][1]), ws_value(ov[k][2]), ws_value(ov[k][3])),
+                      m_max, l_sum, f);
       }
     }
 #endif
   }
 #else
+  static_assert(kCols == 4, "tk0 takes -DMUSE_ATTN2_WIDE_ROWS=0");
   cluster_arrive();  // done with the other CTAs' shared memory
   if (merger) {
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
@@ -1706,9 +1778,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
   TRACE(18);
   const float inv = 1.0f / l_sum;
-  const float ov[4] = {f[0] * inv, f[1] * inv, f[2] * inv, f[3] * inv};
+  float ov[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) ov[c] = f[c] * inv;
   if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-  finish_row(ov, sg, out_ptr);
+  finish_row<kRowThreads>(ov, sg, out_ptr);
   PROBE(9);
   cluster_wait();
   TRACE(11);
