@@ -1077,13 +1077,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     ids_next = load_batch(1);
     TRACE(31);
     const int early = r_two > 0 ? 2 : kEarlyTiles;
+#ifdef MUSE_ATTN2_DIAG_NEWEST_EARLY  // timing only: this step's tile copied before the wait too (the bench never writes it)
+    while (issued < min(ring, early)) issue(issued++);
+#else
     while (issued < min(ring, early) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
+#endif
     TRACE(28);
   }
+#ifdef MUSE_ATTN2_DIAG_Q_EARLY  // timing only: q and the gate read before the wait (the bench never writes them)
+  load_q_and_gate();
+  wait_for_producer();
+  PROBE(3);
+#else
   wait_for_producer();
   PROBE(3);
   load_q_and_gate();
+#endif
   if (rw == 0)
     while (issued < ring) issue(issued++);
   TRACE(29);
