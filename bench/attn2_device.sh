@@ -31,6 +31,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
             # os0 (one-slice launches run the general kernel, not their own),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
+            # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
+            # nl (no row sums),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait),
             # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
@@ -64,6 +66,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       bl0) f="$f -DMUSE_ATTN2_BLOCKED=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
       dq) f="$f -DMUSE_ATTN2_DIAG_Q_EARLY";;
+      ns) f="$f -DMUSE_ATTN2_DIAG_NO_SOFTMAX";;
+      nm) f="$f -DMUSE_ATTN2_DIAG_NO_MAX";;
+      nl) f="$f -DMUSE_ATTN2_DIAG_NO_SUM";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
       ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
       *) echo "unknown variant token $t" >&2; exit 2;;

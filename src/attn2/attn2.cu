@@ -465,17 +465,33 @@ __device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2
 template <int N>
 __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[2], float (&l_run)[2],
                                                float (&alpha)[2]) {
+#ifdef MUSE_ATTN2_DIAG_NO_SOFTMAX  // timing only (wrong results): P = S / 1000, no max, exp2 or sums
+#pragma unroll
+  for (int t = 0; t < N; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[t][e] *= 1e-3f;
+  alpha[0] = alpha[1] = 1.0f;
+  m_run[0] = m_run[1] = 0.0f;
+  l_run[0] = l_run[1] = 1.0f;
+  return;
+#endif
   float mx[2] = {-INFINITY, -INFINITY};
+#ifdef MUSE_ATTN2_DIAG_NO_MAX  // timing only (wrong results): no row max, 0 instead
+  mx[0] = mx[1] = 0.0f;
+#else
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
   }
+#endif
   float neg_mc[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+#ifndef MUSE_ATTN2_DIAG_NO_MAX
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+#endif
     const float m_new = fmaxf(m_run[r], mx[r]);
     const float mu = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero
     alpha[r] = fast_exp2((m_run[r] - mu) * kScaleLog2);
@@ -492,8 +508,10 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
     s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
     s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
     s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
+#ifndef MUSE_ATTN2_DIAG_NO_SUM  // (timing only, wrong results: no row sums)
     l_run[0] += s[t][0] + s[t][1];
     l_run[1] += s[t][2] + s[t][3];
+#endif
   }
 #ifdef MUSE_ATTN2_DIAG_NO_EXP
 #undef fast_exp2
