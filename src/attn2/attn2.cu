@@ -810,7 +810,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 template <int kCluster, bool kOneSlice>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
-                "each CTA of the cluster merges 64 / C rows, 16 threads per row");
+                "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
 
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full_bar[kBarriers];
@@ -1538,7 +1538,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   PROBE(7);
 #endif
 
-  // ---- cluster merge: rank r owns rows [r * 64 / C, ...), 16 threads per row -----
+  // ---- cluster merge: rank r owns rows [r * 64 / C, ...), kRowThreads threads per row ----
   float sg[kCols];  // the merger threads' gate, sigmoid applied
   // (Where loops are short, while the merges are in flight; after them at long
   // L, where computing it here made TP8 128k 0.6 us slower, 32k 0.15.)
