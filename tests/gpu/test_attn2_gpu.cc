@@ -309,6 +309,27 @@ TEST_F(Attn2Gpu, ValuesOutsideFp16Range) {
   }
 }
 
+// Scores that rise along the keys (K scaled by 2^(j / 4096) for key j, up
+// to 2^5): every warpgroup's later tiles pass its running max by far, so the
+// online softmax rescales O and l again and again, and the merges combine
+// partials whose maxima lie far apart.
+TEST_F(Attn2Gpu, ScoresRisingAlongTheKeys) {
+  Problem p(2, {131072, 32773, 9000}, 131072, std::nullopt, 500);
+  for (int r = 0; r < p.reqs; ++r)
+    for (int j = 0; j < p.lens[r]; ++j) {
+      const int64_t page = p.table[static_cast<size_t>(r) * p.max_pages + j / 16];
+      const float scale = std::ldexp(1.0f, std::min(5, j / 4096));
+      for (int kv = 0; kv < p.kvh; ++kv)
+        for (int d = 0; d < 64; ++d) {
+          uint16_t& w = p.cache[((page * p.kvh + kv) * 16 + j % 16) * 128 + d];
+          w = bf16(bf16f(w) * scale);
+        }
+    }
+  p.d_cache->upload(p.cache);
+  const double err = p.check(p.run());
+  std::printf("[ attn2    ] K x 2^(j / 4096), KVH 2, R 3, max_model_len 131072: max rel RMS %.2e\n", err);
+}
+
 TEST_F(Attn2Gpu, TwelveLengthsInOneCall) {
   Problem p(2, {8, 9, 15, 16, 17, 255, 2047, 2048, 2049, 4097, 32773, 131072}, 131072, std::nullopt, 7);
   const double err = p.check(p.run());
