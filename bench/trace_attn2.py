@@ -61,29 +61,28 @@ def main():
         a, b, c = per_phase[i]
         if a:
             print(f"  {name:16s} {med(a):7.2f} {med(b):7.2f} {med(c):7.2f}   ({len(a)} calls)")
-    # Where the working CTAs (those that had a tile) sit: SMs holding two of them
-    # share their MUFU, tensor cores and copy bandwidth.
-    occ = []
+    # Where the working CTAs (those that had a tile) sit, per call: SM -> their
+    # CTA indices. SMs holding two of them share their MUFU, tensor cores and
+    # copy bandwidth.
+    working_by_sm = []
     for cur in calls[2:]:
-        sms = {}
+        by_sm = {}
         for r in cur:
             if r[5]:
-                sms[r[10]] = sms.get(r[10], 0) + 1
-        occ.append((sum(sms.values()), len(sms), sum(1 for v in sms.values() if v > 1)))
+                by_sm.setdefault(r[10], []).append(r[12])
+        working_by_sm.append(by_sm)
+    occ = [(sum(len(v) for v in by_sm.values()), len(by_sm), sum(1 for v in by_sm.values() if len(v) > 1))
+           for by_sm in working_by_sm]
     if occ:
         print(f"# working CTAs per call: median {med(o[0] for o in occ)}, on {med(o[1] for o in occ)} SMs, "
               f"{med(o[2] for o in occ)} SMs with two (max {max(o[2] for o in occ)})")
     if len(sys.argv) > 3:
         cl = int(sys.argv[3])
         pairs = {}
-        for cur in calls[2:]:
-            by_sm = {}
-            for r in cur:
-                if r[5]:
-                    by_sm.setdefault(r[10], []).append(r[12] // cl)
+        for by_sm in working_by_sm:
             for v in by_sm.values():
                 if len(v) > 1:
-                    key = tuple(sorted(v))
+                    key = tuple(sorted(c // cl for c in v))
                     pairs[key] = pairs.get(key, 0) + 1
         if pairs:
             top = sorted(pairs.items(), key=lambda kv: -kv[1])[:8]
