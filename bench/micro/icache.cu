@@ -15,11 +15,11 @@
   "fma.rn.f32 %0, %0, %8, %9;\n fma.rn.f32 %1, %1, %8, %9;\n fma.rn.f32 %2, %2, %8, %9;\n"                    \
   "fma.rn.f32 %3, %3, %8, %9;\n fma.rn.f32 %4, %4, %8, %9;\n fma.rn.f32 %5, %5, %8, %9;\n"                    \
   "fma.rn.f32 %6, %6, %8, %9;\n fma.rn.f32 %7, %7, %8, %9;\n"
+#define X2(s) s s
 #define X4(s) s s s s
-#define X32(s) X4(X4(s s))
+#define X32(s) X4(X4(X2(s)))
 #define B32 X32(F8)            // 256 instructions, 4 KB
-#define B256 X4(X2_(B32))      // 2048, 32 KB
-#define X2_(s) s s
+#define B256 X4(X2(B32))       // 2048, 32 KB
 #define B1024 X4(B256)         // 8192, 128 KB
 
 template <int Kind>

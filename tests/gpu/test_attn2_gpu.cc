@@ -126,18 +126,22 @@ struct Problem {
     }
   }
 
+  // Key j of request r, KV head kv, in the cache: 64 K then 64 V values.
+  uint16_t* key_row(int r, int j, int kv) {
+    const int64_t page = table[static_cast<size_t>(r) * max_pages + j / 16];
+    return &cache[((page * kvh + kv) * 16 + j % 16) * 128];
+  }
+
   // Random K and V for keys below `valid[r]` of each request (the slots past
   // it keep whatever they hold: NaN on a fresh cache).
   void fill_keys(const std::vector<int>& valid) {
     for (int r = 0; r < reqs; ++r) {
       const int L = std::min(valid[r], mml);
-      for (int j = 0; j < L; ++j) {
-        const int64_t page = table[static_cast<size_t>(r) * max_pages + j / 16];
+      for (int j = 0; j < L; ++j)
         for (int kv = 0; kv < kvh; ++kv) {
-          uint16_t* row = &cache[((page * kvh + kv) * 16 + j % 16) * 128];
+          uint16_t* row = key_row(r, j, kv);
           for (int d = 0; d < 128; ++d) row[d] = bf16(rng.sym(d < 64 ? 1.0f : 2.0f));
         }
-      }
     }
   }
 
@@ -317,13 +321,11 @@ TEST_F(Attn2Gpu, ScoresRisingAlongTheKeys) {
   Problem p(2, {131072, 32773, 9000}, 131072, std::nullopt, 500);
   for (int r = 0; r < p.reqs; ++r)
     for (int j = 0; j < p.lens[r]; ++j) {
-      const int64_t page = p.table[static_cast<size_t>(r) * p.max_pages + j / 16];
       const float scale = std::ldexp(1.0f, std::min(5, j / 4096));
-      for (int kv = 0; kv < p.kvh; ++kv)
-        for (int d = 0; d < 64; ++d) {
-          uint16_t& w = p.cache[((page * p.kvh + kv) * 16 + j % 16) * 128 + d];
-          w = bf16(bf16f(w) * scale);
-        }
+      for (int kv = 0; kv < p.kvh; ++kv) {
+        uint16_t* k = p.key_row(r, j, kv);
+        for (int d = 0; d < 64; ++d) k[d] = bf16(bf16f(k[d]) * scale);
+      }
     }
   p.d_cache->upload(p.cache);
   const double err = p.check(p.run());
