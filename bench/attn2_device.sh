@@ -14,11 +14,14 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
+            # fm0 (the split merge always by ticket, not by slice 0 polling where the grid is resident;
+            # fm2: the last active slice polls),
             # mt0 (the ticket merge one slice after the other, not in two passes per round; with wr0),
             # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow;
             # pm0, mf0, mt0, tk0 and ncm<N> need it),
             # ep0 (short L: the push waits for the whole cluster's loops),
-            # et0 (the PDL trigger always after the key loop, not at once where every loop is short),
+            # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
+            # et2: at once in every CTA),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
@@ -50,9 +53,10 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
       tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
       mt0) f="$f -DMUSE_ATTN2_MERGE_TWO_PASS=0";;
+      fm[0-9]) f="$f -DMUSE_ATTN2_FIXED_MERGER=${t#fm}";;
       wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
-      et0) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=0";;
+      et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
@@ -128,11 +132,15 @@ for i in ${NCU_SHAPES:-}; do
   grep -E "attn2_kernel|Duration|Achieved Occupancy|Block Limit Reg|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|No Eligible|Issued Warp|Eligible Warps|Executed Ipc|Pipe|L1/TEX Hit|Mem Busy|Max Bandwidth|Stall" "$B/ncu_$i.txt" | head -30
 done
 cat "$B"/ncu_*.txt > "$OUT/ncu.txt" 2>/dev/null
+# BENCH_ARGS may hold several argument sets, ';'-separated: every variant runs with each.
+IFS=';' read -ra arg_sets <<< "${BENCH_ARGS:- }"
 for rep in $(seq ${REPEAT:-1}); do  # REPEAT=2: every variant again, interleaved (noise)
+for args in "${arg_sets[@]}"; do
 for v in $VARIANTS; do
-  stamp "bench variant $v"
+  stamp "bench variant $v${args:+ ($args)}"
   if [ -n "${TRACE_ROOT:-}" ]; then export MUSE_ATTN2_TRACE_DIR=$TRACE_ROOT/${v//,/_}; mkdir -p "$MUSE_ATTN2_TRACE_DIR"; fi
-  timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_${v//,/_}" --json "$OUT/bench_attn2_v${v//,/_}.jsonl" ${BENCH_ARGS:-} 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
+  timeout ${BENCH_TIMEOUT:-150} "$B/bench_attn2_${v//,/_}" --json "$OUT/bench_attn2_v${v//,/_}.jsonl" $args 2>&1 | grep -v "^{" | tail -${BENCH_TAIL:-12}
+done
 done
 done
 # Extra runs of the first variant with other arguments (experiments), ';'-separated:

@@ -111,6 +111,8 @@ struct Attn2Params {
   bool pdl = false;                   // programmatic dependent launch
   bool idle_last = false;             // the grid's last cluster takes fewer keys (none at shorter L); attn2()
                                       // sets it where the split grid fills the GPU exactly (placed last)
+  bool resident = false;              // the whole split grid fits on the GPU at once: one slice merges by
+                                      // polling the others' partials, no ticket; attn2() sets it
 };
 
 // Checks every argument (std::invalid_argument naming it, with the expected

@@ -251,6 +251,11 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // The ticket merge's merger merges each round in two passes, the round's max
 // first, then the weighted sums (0, token mt0: one slice after the other,
 // each rescaling the sums so far).
+// Where the host says the whole grid is co-resident (p.resident), slice 0
+// merges by polling, without the ticket; 0 (token fm0): always the ticket.
+#ifndef MUSE_ATTN2_FIXED_MERGER
+#define MUSE_ATTN2_FIXED_MERGER 1
+#endif
 #ifndef MUSE_ATTN2_MERGE_TWO_PASS
 #define MUSE_ATTN2_MERGE_TWO_PASS 1
 #endif
@@ -859,7 +864,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();
   PROBE(1);
-  if (kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) allow_dependents();  // (short loops only)
+  if ((kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) || MUSE_ATTN2_EARLY_TRIGGER == 2) allow_dependents();  // (short loops only)
 
 #if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
@@ -1645,13 +1650,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // issued their stores and wait for nothing else (no deadlock, whatever the
   // grid's waves).
   cluster_arrive();  // done with the other CTAs' shared memory
-  if (merger) {      // (the merger's own rows are not read back: they stay in registers)
+  // Where the whole grid is co-resident (host: p.resident), slice 0 merges
+  // without a ticket: it polls the others' words until they are written, one
+  // L2 round trip sooner than the ticket's answer. It waits only for CTAs
+  // that wait for nothing (every other slice stores and leaves), and all of
+  // them fit on the GPU beside it, so it cannot wait forever.
+  const bool fixed = MUSE_ATTN2_FIXED_MERGER && p.resident;
+  const int merge_split = MUSE_ATTN2_FIXED_MERGER == 2 ? active - 1 : 0;
+  if (merger && !(fixed && split == merge_split)) {  // (the merger's own rows are not read back: they stay in registers)
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
     if (d == 0) st_ws(&ws_ml[at], make_float2(m_all, l_all));
     st_ws_cols(&ws_o[at * kHeadDim + d], acc);
   }
   TRACE(16);
-  if (threadIdx.x == 0) {
+  if (fixed) {
+    if (threadIdx.x == 0) s_last = split == merge_split;
+  } else if (threadIdx.x == 0) {
     int ticket;
     asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
     s_last = ticket == active - 1;

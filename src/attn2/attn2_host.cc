@@ -270,9 +270,12 @@ void attn2(const Attn2Args& args, Stream stream) {
   const int cluster = device < kMaxDevices ? g_short_cluster[device].load(std::memory_order_relaxed) : 0;
   if (cluster == 0) fail(cat("attn2 on cuda:", device, " needs prepare_attn2(", device, ") first"));
   if (p.cluster_size == 16) p.cluster_size = cluster;  // 8 where the GPU cannot place a cluster of 16
-  if (p.num_splits > 1)  // a split grid that fills the GPU exactly: its last cluster does less (see the kernel)
-    p.idle_last = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size ==
-                  g_resident_ctas[device][p.cluster_size == 16].load(std::memory_order_relaxed);
+  if (p.num_splits > 1) {  // a split grid that fills the GPU exactly: its last cluster does less (see the kernel)
+    const int64_t ctas = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size;
+    const int64_t resident = g_resident_ctas[device][p.cluster_size == 16].load(std::memory_order_relaxed);
+    p.idle_last = ctas == resident;
+    p.resident = ctas <= resident;  // all of it on the GPU at once: the merging slice may wait for the others
+  }
   if (int err = launch_attn2(p, stream))
     throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
 }
