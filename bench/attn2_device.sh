@@ -24,6 +24,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # et2: at once in every CTA),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
+            # wt0 (the tail as a pass of its own after warpgroup 0's tile, not joined to the last tile's),
             # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
@@ -59,6 +60,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
+      wt0) f="$f -DMUSE_ATTN2_WIDE_TAIL=0";;
       mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;

@@ -160,6 +160,12 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_BLOCKED
 #define MUSE_ATTN2_BLOCKED 1
 #endif
+// The tail joins the last whole tile's pass (m64n64 + m64n32 for S, one
+// softmax over the 96 keys, 6 k-steps of P V) in the warpgroup with that tile,
+// instead of a pass of its own after it; 0 (token wt0): the pass of its own.
+#ifndef MUSE_ATTN2_WIDE_TAIL
+#define MUSE_ATTN2_WIDE_TAIL 1
+#endif
 // One-slice kernel, one tile more than warpgroups, and that tile (the
 // newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
 // pages, 32 x 4 + 1 or 2): warpgroup 0 takes it after its own tile as a
@@ -1006,7 +1012,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
   const bool tail = MUSE_ATTN2_TAIL && kOneSlice && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
-  const bool has_tail = tail && vme == 0;  // this warpgroup's second tile is the tail pass
+  // The tail's warpgroup: the one with the last whole tile where the tail
+  // joins that tile's pass (MUSE_ATTN2_WIDE_TAIL: its keys follow on), else
+  // warpgroup 0.
+  const bool has_tail = tail && vme == (MUSE_ATTN2_WIDE_TAIL ? wgs - 1 : 0);  // its second tile is the tail
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
@@ -1211,12 +1220,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       int s = tile_ready(0, key0, masked);
       PROBE(5);
       issue_s(s_acc, s);
-      wgmma_wait<0>();
-      pin(s_acc);
-      TRACE(24);
-      softmax(s_acc, key0, masked, alpha);
-      rescale_and_pack(s_acc, alpha);
-      TRACE(25);
       auto release = [&](int it, int st) {
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty_bar[st]);
@@ -1225,39 +1228,91 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
-      const int loop_tiles = my_tiles - (has_tail ? 1 : 0);  // the tail pass follows the loop
-      for (int it = 0; it + 1 < loop_tiles; ++it) {
-        const int s_next = tile_ready(it + 1, key0, masked);
-        issue_s(s_acc, s_next);
-        issue_pv(s);
-        wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
-        pin(s_acc);
-        softmax(s_acc, key0, masked, alpha);
-        wgmma_wait<0>();
-        pin(o);
-        pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
-        release(it, s);
-        rescale_and_pack(s_acc, alpha);
-        s = s_next;
-      }
-      issue_pv(s);
-      wgmma_wait<0>();
-      pin(o);
-      pin_a(pa);
-      release(loop_tiles - 1, s);
-      if (has_tail) {  // (warpgroup-uniform) the tile's first kTailPages pages, N = 32
-        static_assert(kTailPages * kPageSize == 32, "the tail pass is m64n32");
-        s = tile_ready(1, key0, masked);
+#if MUSE_ATTN2_WIDE_TAIL
+      if (has_tail) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
+        static_assert(kTailPages * kPageSize == 32, "the tail is m64n32");
+        int key0b;
+        bool maskedb;
+        const int sb = tile_ready(1, key0b, maskedb);
         float t_acc[4][4];
-        issue_s(t_acc, s);
+        issue_s(t_acc, sb);
         wgmma_wait<0>();
+        pin(s_acc);
         pin(t_acc);
-        softmax(t_acc, key0, masked, alpha);
-        rescale_and_pack(t_acc, alpha);  // (pa[0], pa[1]: keys 0-31)
-        issue_pv(s, kTailPages * kPageSize / 16);
+        float w[12][4];  // the 96 keys' scores, then their P
+#pragma unroll
+        for (int t = 0; t < 12; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[t - 8][e];
+        if (masked || maskedb)
+          mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : key0b + (t - 8) * 8) + col + (e & 1); },
+                    pos, p.window);
+        online_softmax(w, m_run, l_run, alpha);  // (the first tile: O is 0, alpha 0)
+        uint32_t pb[4][4];
+#pragma unroll
+        for (int t = 0; t < 12; ++t) {
+          uint32_t(&dst)[4] = t < 8 ? pa[t / 2] : pb[(t - 8) / 2];
+          dst[(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
+          dst[(t % 2) * 2 + 1] = pack_bf16(w[t][2], w[t][3]);
+        }
+        pb[2][0] = pb[2][1] = pb[2][2] = pb[2][3] = pb[3][0] = pb[3][1] = pb[3][2] = pb[3][3] = 0u;
+        TRACE(25);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          wgmma_rs(o, pb[kk], sw128_desc(stage_addr(sb) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+        wgmma_commit();
         wgmma_wait<0>();
         pin(o);
         pin_a(pa);
+        pin_a(pb);
+        release(0, s);
+      } else
+#endif
+      {
+        wgmma_wait<0>();
+        pin(s_acc);
+        TRACE(24);
+        softmax(s_acc, key0, masked, alpha);
+        rescale_and_pack(s_acc, alpha);
+        TRACE(25);
+        const int loop_tiles = my_tiles - (has_tail ? 1 : 0);  // the tail pass follows the loop
+        for (int it = 0; it + 1 < loop_tiles; ++it) {
+          const int s_next = tile_ready(it + 1, key0, masked);
+          issue_s(s_acc, s_next);
+          issue_pv(s);
+          wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
+          pin(s_acc);
+          softmax(s_acc, key0, masked, alpha);
+          wgmma_wait<0>();
+          pin(o);
+          pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
+          release(it, s);
+          rescale_and_pack(s_acc, alpha);
+          s = s_next;
+        }
+        issue_pv(s);
+        wgmma_wait<0>();
+        pin(o);
+        pin_a(pa);
+        release(loop_tiles - 1, s);
+        if (has_tail) {  // (warpgroup-uniform) the tile's first kTailPages pages, N = 32
+          static_assert(kTailPages * kPageSize == 32, "the tail pass is m64n32");
+          s = tile_ready(1, key0, masked);
+          float t_acc[4][4];
+          issue_s(t_acc, s);
+          wgmma_wait<0>();
+          pin(t_acc);
+          softmax(t_acc, key0, masked, alpha);
+          rescale_and_pack(t_acc, alpha);  // (pa[0], pa[1]: keys 0-31)
+          issue_pv(s, kTailPages * kPageSize / 16);
+          wgmma_wait<0>();
+          pin(o);
+          pin_a(pa);
+        }
       }
       TRACE(26);
     }
