@@ -13,7 +13,7 @@
 // KV heads, and then the last two clusters take fewer tiles; one slice with a
 // few more tiles than warpgroups gives the two-tile warpgroups the oldest
 // tiles in pairs, and one tile more of at most 2 pages, as under a 2048-key
-// window, goes to warpgroup 0 as an N = 32 tail pass). Launches with one slice
+// window, joins the last whole tile's pass as 32 more keys). Launches with one slice
 // (num_splits 1) run their own instantiation, without the split path.
 // Each CTA keeps an online-softmax state (m, l, unnormalised O) of
 // all 64 rows; the cluster merges its C states through distributed shared
