@@ -30,6 +30,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
             # N round-robin rounds on; below, its full share; v20: lt2,lm0),
             # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
+            # cl0 (the push merge's owner shuffles the ranks' weights round, not each thread all),
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
@@ -66,6 +67,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
       pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
+      cl0) f="$f -DMUSE_ATTN2_COMBINE_LOCAL=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
       os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;

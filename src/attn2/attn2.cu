@@ -224,6 +224,11 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // Where no warpgroup fills its last stage (short L), the push starts as soon
 // as the CTA's own key loop is done (see early_push); 0 (token ep0): once
 // every CTA of the cluster is past its loop.
+// The push merge's owner computes every rank's weight in each thread
+// (combine_ranks_local); 0 (token cl0): by shuffles (combine_ranks).
+#ifndef MUSE_ATTN2_COMBINE_LOCAL
+#define MUSE_ATTN2_COMBINE_LOCAL 1
+#endif
 #ifndef MUSE_ATTN2_EARLY_PUSH
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
@@ -687,6 +692,40 @@ __device__ __forceinline__ void combine_ranks(const float (&ok)[kCluster][kCols]
     l_all += __shfl_sync(0xFFFFFFFFu, wlj, row_lane0 + k);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[c] += w * ok[k][c];
+  }
+}
+
+// The same where every rank's (m, l, 2^e) of the row is in this CTA's shared
+// memory (the push merge's receive area): each thread loads all of them and
+// computes every weight itself, instead of a max by shuffles and the weights
+// shuffled round (32 shuffles fewer on the chain). mls[k * stride]: rank k's.
+template <int kCluster, int kCols>
+__device__ __forceinline__ void combine_ranks_local(const float (&ok)[kCluster][kCols], const float4* mls, int stride,
+                                                    float& m_all, float& l_all, float (&acc)[kCols]) {
+  float4 v[kCluster];
+#pragma unroll
+  for (int k = 0; k < kCluster; ++k) v[k] = mls[k * stride];
+  static_assert(kCluster == 8 || kCluster == 16, "clusters of 8 or 16");
+  float mx[8];  // the max as a tree, log2(C) deep
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if constexpr (kCluster == 16)
+      mx[k] = fmaxf(v[k].x, v[k + 8].x);
+    else
+      mx[k] = v[k].x;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], mx[k + 4]);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) mx[k] = fmaxf(mx[k], mx[k + 2]);
+  m_all = fmaxf(mx[0], mx[1]);
+#pragma unroll
+  for (int k = 0; k < kCluster; ++k) {
+    const float w = v[k].x == -INFINITY ? 0.0f : fast_exp2(v[k].x - m_all);
+    l_all = fmaf(w, v[k].y, l_all);
+    const float wo = w * v[k].z;  // rank k's O weight: its softmax weight times its row's 2^e
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] = fmaf(wo, ok[k][c], acc[c]);
   }
 }
 
@@ -1629,9 +1668,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         ok[k][0] = v.x, ok[k][1] = v.y;
       }
     }
+#if MUSE_ATTN2_COMBINE_LOCAL
+    (void)j;
+    combine_ranks_local<kCluster>(ok, rcv_mls + rr, kMergeRows, m_all, l_all, acc);
+#else
     float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
     if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
     combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
+#endif
   }
 #elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
   if (merger) {
