@@ -31,6 +31,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # N round-robin rounds on; below, its full share; v20: lt2,lm0),
             # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
             # cl0 (the push merge's owner shuffles the ranks' weights round, not each thread all),
+            # pu0 (the push as a loop, not unrolled),
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
@@ -68,6 +69,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
       pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
       cl0) f="$f -DMUSE_ATTN2_COMBINE_LOCAL=0";;
+      pu0) f="$f -DMUSE_ATTN2_PUSH_UNROLL=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
       os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;

@@ -229,6 +229,10 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_COMBINE_LOCAL
 #define MUSE_ATTN2_COMBINE_LOCAL 1
 #endif
+// The push loop unrolled (2 chunks per thread); 0 (token pu0): a loop.
+#ifndef MUSE_ATTN2_PUSH_UNROLL
+#define MUSE_ATTN2_PUSH_UNROLL 1
+#endif
 #ifndef MUSE_ATTN2_EARLY_PUSH
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
@@ -1613,7 +1617,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // of 16 bytes of O per row, then one of m, l, 2^e.
     const uint32_t recv = smem_addr(smem + kRecvOffset), bar = smem_addr(&recv_bar);
     const __half* own_o = reinterpret_cast<const __half*>(merge_o);
+#if MUSE_ATTN2_PUSH_UNROLL
+    static_assert(kRows * 8 % kThreads == 0, "whole rounds of chunks");
+#pragma unroll
+    for (int i = 0; i < kRows * 8 / kThreads; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+#else
     for (int c = threadIdx.x; c < kRows * 8; c += kThreads) {
+#endif
       const int r = c / 8, q = c % 8;
       const uint4 v = *reinterpret_cast<const uint4*>(own_o + r * kMergeStrideH + q * 8);
       push_v4(recv + ((rank * kMergeRows + r % kMergeRows) * kHeadDim + q * 8) * 2, v, bar, r / kMergeRows);
