@@ -14,8 +14,8 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
             # tk0 (split merge through the acq_rel counter, not the ticket),
-            # fm0 (the split merge always by ticket, not by slice 0 polling where the grid is resident;
-            # fm2: the last active slice polls),
+            # fm0 (the split merge always by ticket, not by a fixed slice polling where the grid is
+            # resident; fm1: slice 0 polls, not the last active slice),
             # mt0 (the ticket merge one slice after the other, not in two passes per round; with wr0),
             # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow;
             # pm0, mf0, mt0, tk0 and ncm<N> need it),

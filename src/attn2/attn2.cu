@@ -266,10 +266,12 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // The ticket merge's merger merges each round in two passes, the round's max
 // first, then the weighted sums (0, token mt0: one slice after the other,
 // each rescaling the sums so far).
-// Where the host says the whole grid is co-resident (p.resident), slice 0
-// merges by polling, without the ticket; 0 (token fm0): always the ticket.
+// Where the host says the whole grid is co-resident (p.resident), one fixed
+// slice merges by polling, without the ticket: the last active one (2), which
+// at 8k holds the step's newest keys (copied after the wait) and so tends to
+// finish last, or slice 0 (1, token fm1); 0 (token fm0): always the ticket.
 #ifndef MUSE_ATTN2_FIXED_MERGER
-#define MUSE_ATTN2_FIXED_MERGER 1
+#define MUSE_ATTN2_FIXED_MERGER 2
 #endif
 #ifndef MUSE_ATTN2_MERGE_TWO_PASS
 #define MUSE_ATTN2_MERGE_TWO_PASS 1
@@ -1760,8 +1762,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // issued their stores and wait for nothing else (no deadlock, whatever the
   // grid's waves).
   cluster_arrive();  // done with the other CTAs' shared memory
-  // Where the whole grid is co-resident (host: p.resident), slice 0 merges
-  // without a ticket: it polls the others' words until they are written, one
+  // Where the whole grid is co-resident (host: p.resident), one fixed slice
+  // merges without a ticket: it polls the others' words until they are written, one
   // L2 round trip sooner than the ticket's answer. It waits only for CTAs
   // that wait for nothing (every other slice stores and leaves), and all of
   // them fit on the GPU beside it, so it cannot wait forever.
