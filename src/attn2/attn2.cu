@@ -24,10 +24,12 @@
 // CTA pushes as soon as its own key loop is done; otherwise once the
 // cluster's are.
 // One slice: that CTA applies norm and gate and writes out. Several slices:
-// it writes its rows' partial to the workspace and takes a ticket on the
-// (pair, rank) counter; the slice with the last ticket merges every slice's
-// partial of those rows in slice order (the same bits whatever the arrival
-// order), writes out and leaves counter and partials at 0 for the next launch.
+// it writes its rows' partial to the workspace (each word marks itself
+// written); where the whole grid is on the GPU at once, the last active slice
+// merges, polling the others' words, else the slice with the last ticket on
+// the (pair, rank) counter does. The merger merges every slice's partial of
+// those rows in slice order (the same bits whatever the arrival order),
+// writes out and leaves counter and partials at 0 for the next launch.
 //
 // wgmma path. Each warpgroup (warps 0-3, 4-7) consumes its own 64-key tiles
 // (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
