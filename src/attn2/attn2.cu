@@ -170,10 +170,10 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #endif
 // One-slice kernel, one tile more than warpgroups, and that tile (the
 // newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
-// pages, 32 x 4 + 1 or 2): warpgroup 0 takes it after its own tile as a
-// tail pass of N = 32 (S m64n32, P V in 2 k-steps, a quarter of a tile's
-// softmax) instead of any warpgroup taking two whole tiles; 0 (token tl0):
-// the pairs of MUSE_ATTN2_BLOCKED.
+// pages, 32 x 4 + 1 or 2): its keys, as N = 32 (S m64n32, P V in 2 k-steps),
+// join the last whole tile's pass (MUSE_ATTN2_WIDE_TAIL above) or follow
+// warpgroup 0's tile as a pass of their own, instead of any warpgroup taking
+// two whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
 #ifndef MUSE_ATTN2_TAIL
 #define MUSE_ATTN2_TAIL 1
 #endif
@@ -917,7 +917,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();
   PROBE(1);
-  if ((kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) || MUSE_ATTN2_EARLY_TRIGGER == 2) allow_dependents();  // (short loops only)
+  // (Short loops only; MUSE_ATTN2_EARLY_TRIGGER=2, token et2: every launch, for an A/B.)
+  if ((kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) || MUSE_ATTN2_EARLY_TRIGGER == 2) allow_dependents();
 
 #if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
