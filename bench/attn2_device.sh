@@ -12,24 +12,20 @@
 . bench/device_env.sh attn2 "${1:-}"
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
-            # sp<N> (slice pages), ks<N> (key split), ra0 (cluster arrive with release),
-            # tk0 (split merge through the acq_rel counter, not the ticket),
+            # sp<N> (slice pages), ks<N> (key split),
             # fm0 (the split merge always by ticket, not by a fixed slice polling where the grid is
             # resident; fm1: slice 0 polls, not the last active slice),
-            # mt0 (the ticket merge one slice after the other, not in two passes per round; with wr0),
-            # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow;
-            # pm0, mf0, mt0, tk0 and ncm<N> need it),
+            # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
             # et2: at once in every CTA),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # wt0 (the tail as a pass of its own after warpgroup 0's tile, not joined to the last tile's),
-            # mf0 (the cluster merge reads O in fp32, not scaled fp16), il0 (the grid's last
+            # il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
             # N round-robin rounds on; below, its full share; v20: lt2,lm0),
-            # pm0 (the cluster merge pulls the others' rows after a barrier, v12),
             # cl0 (the push merge's owner shuffles the ranks' weights round, not each thread all),
             # pu0 (the push as a loop, not unrolled),
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
@@ -40,9 +36,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
             # nl (no row sums),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
-            # this step's tile read before griddepcontrol.wait),
-            # ncm<N> (timing only, wrong results: 1 no cluster barrier or merge, each CTA keeps its
-            # rows; 2 the barrier, no merge; 3 the merge's loads without the barrier)
+            # this step's tile read before griddepcontrol.wait).
+            # (ra0, tk0, mt0, mf0, pm0 and ncm<N> of the notes were removed with their code in
+            # the twelfth session.)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -53,9 +49,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       e[0-9]*) f="$f -DMUSE_ATTN2_EARLY_TILES=${t#e}";;
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
-      ra0) f="$f -DMUSE_ATTN2_RELAXED_ARRIVE=0";;
-      tk[0-9]) f="$f -DMUSE_ATTN2_TICKET_MERGE=${t#tk}";;
-      mt0) f="$f -DMUSE_ATTN2_MERGE_TWO_PASS=0";;
       fm[0-9]) f="$f -DMUSE_ATTN2_FIXED_MERGER=${t#fm}";;
       wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
@@ -63,11 +56,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       wt0) f="$f -DMUSE_ATTN2_WIDE_TAIL=0";;
-      mf0) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
-      pm0) f="$f -DMUSE_ATTN2_PUSH_MERGE=0";;
       cl0) f="$f -DMUSE_ATTN2_COMBINE_LOCAL=0";;
       pu0) f="$f -DMUSE_ATTN2_PUSH_UNROLL=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
@@ -80,7 +71,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       nm) f="$f -DMUSE_ATTN2_DIAG_NO_MAX";;
       nl) f="$f -DMUSE_ATTN2_DIAG_NO_SUM";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
-      ncm[0-9]) f="$f -DMUSE_ATTN2_MERGE_F16=0 -DMUSE_ATTN2_PUSH_MERGE=0 -DMUSE_ATTN2_DIAG_NO_CLUSTER_MERGE=${t#ncm}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

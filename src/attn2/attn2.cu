@@ -50,7 +50,6 @@
 //
 // In both, the two halves' (warpgroups') states merge in shared memory in a
 // fixed order before the cluster merge.
-#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -69,8 +68,6 @@
 
 namespace muse_decode {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kRows = kVerifyLen * kHeadsPerKvHead;        // 64 query rows per (request, KV head)
 // Key halves: warps w and w + 4 own the same 16 rows and split each page's 16
@@ -103,13 +100,10 @@ constexpr int kMergeStride = kHeadDim + 4;                 // floats per merge r
 // at 224 CTAs, 0.8 with half the bytes). So a CTA leaves its O there in fp16,
 // each row scaled by a power of 2 that brings its largest |O| into [1, 2)
 // (exact; the row's 2^e goes beside m and l): 2^-11 relative to the row's
-// largest value, whatever the magnitude of V. MUSE_ATTN2_MERGE_F16=0: fp32.
-#ifndef MUSE_ATTN2_MERGE_F16
-#define MUSE_ATTN2_MERGE_F16 1
-#endif
-#if MUSE_ATTN2_MERGE_F16
+// largest value, whatever the magnitude of V. (The fp32 form, the pull
+// merge and the earlier split merges were removed in the twelfth session;
+// bench/NOTES-attn2.md keeps their numbers, git history their code.)
 constexpr int kMergeStrideH = kHeadDim + 8;                // halves per fp16 merge row (144 B: conflict-free stores)
-#endif
 constexpr int kQStride = kHeadDim + 8;                     // bf16 per Q row in shared memory: 144 B, conflict-free ldmatrix
 // log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
 constexpr float kScaleLog2 = static_cast<float>(0.6841258107984375 * 1.4426950408889634);
@@ -207,13 +201,6 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // One one-way trip over the SM-to-SM network instead of a barrier round and a
 // load round trip, the barrier's wait overlapping the halves' merge, and no
 // barrier before exit (nobody reads another CTA's shared memory).
-// MUSE_ATTN2_PUSH_MERGE=0 (token pm0): the pull merge of v12.
-#ifndef MUSE_ATTN2_PUSH_MERGE
-#define MUSE_ATTN2_PUSH_MERGE 1
-#endif
-#if MUSE_ATTN2_PUSH_MERGE && (!MUSE_ATTN2_MERGE_F16 || defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE))
-#error "the push merge sends the fp16 state: add -DMUSE_ATTN2_PUSH_MERGE=0 for fp32 or the timing-only builds"
-#endif
 // After the key loop the stages hold the merge area (64 rows of O) and the
 // key-half exchange (9 float4 per thread of the second half), then the
 // receive area: per source rank and owned row, 64 halves of O, then per
@@ -253,30 +240,14 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #define MUSE_ATTN2_GATE_EARLY 1
 #endif
 
-// The cluster barrier's arrival after the cluster merge without release
-// semantics (see cluster_arrive); MUSE_ATTN2_RELAXED_ARRIVE=0 for an A/B.
-#ifndef MUSE_ATTN2_RELAXED_ARRIVE
-#define MUSE_ATTN2_RELAXED_ARRIVE 1
-#endif
-// Split merge: a relaxed ticket picks the merging slice, the partials' words
-// carry their own "written" mark (see the kernel's split path);
-// MUSE_ATTN2_TICKET_MERGE=0 builds the previous merge (an acq_rel arrival
-// counter, whose release waits for the partial stores) for an A/B.
-#ifndef MUSE_ATTN2_TICKET_MERGE
-#define MUSE_ATTN2_TICKET_MERGE 1
-#endif
-// The ticket merge's merger merges each round in two passes, the round's max
-// first, then the weighted sums (0, token mt0: one slice after the other,
-// each rescaling the sums so far).
-// Where the host says the whole grid is co-resident (p.resident), one fixed
+// Split merge: the partials' words carry their own "written" mark (see the
+// kernel's split path), and the merger merges each round in two passes, the
+// round's max first, then the weighted sums. Where the host says the whole grid is co-resident (p.resident), one fixed
 // slice merges by polling, without the ticket: the last active one (2), which
 // at 8k holds the step's newest keys (copied after the wait) and so tends to
 // finish last, or slice 0 (1, token fm1); 0 (token fm0): always the ticket.
 #ifndef MUSE_ATTN2_FIXED_MERGER
 #define MUSE_ATTN2_FIXED_MERGER 2
-#endif
-#ifndef MUSE_ATTN2_MERGE_TWO_PASS
-#define MUSE_ATTN2_MERGE_TWO_PASS 1
 #endif
 // The work after the key loop (the cluster merge of a CTA's rows, the split
 // merge, the o-norm and gate) runs on 32 threads per row with 2 columns each
@@ -553,32 +524,12 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-#if MUSE_ATTN2_MERGE_F16
 // 4 columns of a CTA's fp16 (scaled) O, as two 32-bit words.
 __device__ __forceinline__ float4 half4_to_float4(uint32_t lo, uint32_t hi) {
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
   return make_float4(a.x, a.y, b.x, b.y);
 }
-#endif
-#if !MUSE_ATTN2_PUSH_MERGE  // the pull merge's remote loads
-#if MUSE_ATTN2_MERGE_F16
-__device__ __forceinline__ float4 ld_cluster_f16x4(uint32_t addr) {
-  uint32_t lo, hi;
-  asm volatile("ld.shared::cluster.v2.b32 {%0, %1}, [%2];" : "=r"(lo), "=r"(hi) : "r"(addr) : "memory");
-  return half4_to_float4(lo, hi);
-}
-#endif
-__device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-#endif
-#if MUSE_ATTN2_PUSH_MERGE
 // 16 bytes into CTA `rank`'s shared memory at `addr` (this CTA's address of
 // the same spot), completing `bytes` on that CTA's mbarrier at `bar`.
 __device__ __forceinline__ void push_v4(uint32_t addr, uint4 v, uint32_t bar, int rank) {
@@ -587,27 +538,6 @@ __device__ __forceinline__ void push_v4(uint32_t addr, uint4 v, uint32_t bar, in
                "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(map_rank(bar, rank))
                : "memory");
 }
-#endif
-// Arrival on the cluster barrier after the last read of the other CTAs'
-// shared memory: those loads have returned their values, and nothing this
-// CTA wrote needs to be seen by the others, so no release (which would wait
-// for this CTA's outstanding global stores as well).
-// (The push merge reads no other CTA's shared memory: both are empty there.)
-__device__ __forceinline__ void cluster_arrive() {
-#if MUSE_ATTN2_PUSH_MERGE || (defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE == 1)
-#elif MUSE_ATTN2_RELAXED_ARRIVE
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if !MUSE_ATTN2_PUSH_MERGE && (!defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) || MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 1)
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-#if MUSE_ATTN2_TICKET_MERGE
 // The split path's partials in the workspace, for the ticket merge: every
 // 32-bit word is stored inverted, so that 0 (what the caller's zeroing and
 // every merge leave behind) reads as "not written yet" and a word, once
@@ -642,7 +572,6 @@ __device__ __forceinline__ uint2 ld_ws(const float2* at) {
   return v;
 }
 __device__ __forceinline__ float ws_value(uint32_t w) { return __uint_as_float(~w); }
-#endif
 
 __device__ __forceinline__ void wait_for_producer() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -681,7 +610,7 @@ __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int acti
 }
 
 // The cluster merge of one row, in rank order: ok[k] holds this thread's
-// kCols columns of rank k's O (fp16 scaled, or fp32), lane j < kCluster of
+// kCols columns of rank k's O (from fp16, scaled), lane j < kCluster of
 // the row's kRowThreads holds rank j's (m, l, 2^e) in mlj (the others -inf);
 // the weights go round by shuffles.
 template <int kCluster, int kRowThreads, int kCols>
@@ -737,21 +666,6 @@ __device__ __forceinline__ void combine_ranks_local(const float (&ok)[kCluster][
   }
 }
 
-#if !MUSE_ATTN2_TICKET_MERGE || !MUSE_ATTN2_MERGE_TWO_PASS
-// One slice's partial (m in the log2 domain, l, 4 columns of O) into the
-// running merge of a row's slices.
-__device__ __forceinline__ void merge_slice(float mk, float lk, float4 ok, float& m_max, float& l_sum, float (&f)[4]) {
-  const float m_new = fmaxf(m_max, mk);
-  const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: both weights 0
-  const float sc = fast_exp2(m_max - mu), w = fast_exp2(mk - mu);
-  m_max = m_new;
-  l_sum = sc * l_sum + w * lk;
-  f[0] = sc * f[0] + w * ok.x;
-  f[1] = sc * f[1] + w * ok.y;
-  f[2] = sc * f[2] + w * ok.z;
-  f[3] = sc * f[3] + w * ok.w;
-}
-#endif
 
 // sigmoid of kCols gate columns (bf16, the first kCols of g): known before
 // the merges, so computed while they are in flight.
@@ -789,7 +703,6 @@ __device__ __forceinline__ void finish_row(const float (&o)[kCols], const float 
   }
 }
 
-#if MUSE_ATTN2_TICKET_MERGE
 // The split path's words of kCols columns (see st_ws).
 template <int kCols>
 __device__ __forceinline__ void st_ws_cols(float* at, const float (&v)[kCols]) {
@@ -815,7 +728,6 @@ __device__ __forceinline__ void clear_ws_cols(float* at) {
   else
     clear_ws(reinterpret_cast<float2*>(at));
 }
-#endif
 
 // Diagnostics (-DMUSE_ATTN2_PROBE, experiments only): CTA (0, 0, 0), thread 0
 // stamps %globaltimer at its phases into a ring of 16 calls; the process
@@ -873,13 +785,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ uint64_t full_bar[kBarriers];
   __shared__ uint64_t empty_bar[kBarriers];
-  __shared__ float4 s_mls[kRows];  // per row: m (log2 domain), l, 2^e of its fp16 O (1 in fp32), -: one remote load
+  __shared__ float4 s_mls[kRows];  // per row: m (log2 domain), l, 2^e of its fp16 O, -
   __shared__ int s_bad;
   __shared__ int s_last;
   __shared__ uint64_t recv_bar;  // the push merge: every rank's rows of this CTA landed
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
-  cg::cluster_group cluster = cg::this_cluster();
 #ifdef MUSE_ATTN2_PROBE
   unsigned int probe_slot = 0;
 #endif
@@ -913,7 +824,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     s_bad = 0;
     mbar_init(&recv_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (MUSE_ATTN2_PUSH_MERGE) mbar_arrive_expect_tx(&recv_bar, kRecvBytes);  // phase 0 ends when they all landed
+    mbar_arrive_expect_tx(&recv_bar, kRecvBytes);  // phase 0 ends when they all landed
   }
   __syncthreads();
   PROBE(1);
@@ -1085,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const int rest = num_tiles - late_rounds * wgs;
     my_tiles = late_rounds + (rest > vme ? (rest - 1 - vme) / wn + 1 : 0);
   }
-#if MUSE_ATTN2_PUSH_MERGE && MUSE_ATTN2_EARLY_PUSH
+#if MUSE_ATTN2_EARLY_PUSH
   // No warpgroup of the cluster takes more than kWgStages - 1 tiles (the
   // same for all of its CTAs: it depends on L and the grid only), so none
   // ever fills its last stage, where the receive area lies: every CTA may
@@ -1535,11 +1446,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   float4* xchg = reinterpret_cast<float4*>(smem + kRows * kMergeStride * 4);
   constexpr int kHalfThreads = kRowWarps * 32;
   if (kKeySplit == 2) __syncthreads();  // the first half may still read the last stage
-#if MUSE_ATTN2_PUSH_MERGE
   // Every stage consumed (wgmma and TMA done with it): the receive area may be
   // written. Release: the barrier init before it is seen by the senders.
   if (!early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
   TRACE(27);
   if (kKeySplit == 2 && kh == 1) {
     const int t = threadIdx.x - kHalfThreads;
@@ -1582,7 +1491,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = rw * 16 + r * 8 + lane / 4;  // = head * 8 + token
-#if MUSE_ATTN2_MERGE_F16
       // The row's largest |O| (its 4 lanes), its exponent e clamped to the
       // normal range: O * 2^-e in fp16, 2^e beside m and l.
       float mx = 0.0f;
@@ -1597,23 +1505,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(merge_o) + row * kMergeStrideH + n * 8 + (lane % 4) * 2) =
             __floats2half2_rn(o[n][2 * r] * down, o[n][2 * r + 1] * down);
       const float up = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
-#else
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<float2*>(&merge_o[row * kMergeStride + n * 8 + (lane % 4) * 2]) =
-            make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      const float up = 1.0f;
-#endif
       if (lane % 4 == 0)  // the merges work in the log2 domain
         s_mls[row] = make_float4(m_run[r] * kScaleLog2, nan_rows ? NAN : l_run[r], up, 0.0f);
     }
   }
   TRACE(19);
 
-#if defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_MERGE_F16
-#error "the timing-only MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE builds read the fp32 state: add -DMUSE_ATTN2_MERGE_F16=0"
-#endif
-#if MUSE_ATTN2_PUSH_MERGE
   __syncthreads();  // this CTA's rows (fp16 O, m, l, 2^e) all in shared memory
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA past its key loop
   PROBE(7);
@@ -1642,16 +1539,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
               r / kMergeRows);
     }
   }
-#elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 2
-  // timing only (wrong results): 1 no cluster barrier and no merge (each CTA keeps its own
-  // rows' state), 2 the barrier but no merge, 3 the merge's loads without the barrier before them
-  __syncthreads();
-#else
-  cluster.sync();
-#endif
-#if !MUSE_ATTN2_PUSH_MERGE
-  PROBE(7);
-#endif
 
   // ---- cluster merge: rank r owns rows [r * 64 / C, ...), kRowThreads threads per row ----
   float sg[kCols];  // the merger threads' gate, sigmoid applied
@@ -1663,7 +1550,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float m_all = -INFINITY, l_all = 0.0f;
-#if MUSE_ATTN2_PUSH_MERGE
   if (merger) {
     // Every rank's piece of this row from the receive area, once all landed;
     // then the same sums as the pull merge, in rank order.
@@ -1693,46 +1579,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
 #endif
   }
-#elif defined(MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE) && MUSE_ATTN2_DIAG_NO_CLUSTER_MERGE != 3
-  if (merger) {
-    static_assert(kCols == 4, "the timing-only builds take -DMUSE_ATTN2_WIDE_ROWS=0");
-    const float4 own = *reinterpret_cast<const float4*>(merge_o + row * kMergeStride + d);
-    acc[0] = own.x, acc[1] = own.y, acc[2] = own.z, acc[3] = own.w;
-    m_all = s_mls[row].x;
-    l_all = s_mls[row].y;
-  }
-#else
-  if (merger) {
-    // Every remote load first (one distributed-shared-memory round trip, not
-    // one per CTA): the row's 16 threads each load 4 columns of O from every
-    // CTA, and lane j of the row only CTA j's m and l (not all 16 the same);
-    // the weights then go round by shuffles. The rank order of the sums is fixed.
-    static_assert(kCols == 4, "the pull merge (pm0, mf0, ncm3) takes -DMUSE_ATTN2_WIDE_ROWS=0");
-    const int j = threadIdx.x % 16;
-    float4 ok4[kCluster];
-    float ok[kCluster][kCols];
-#if MUSE_ATTN2_MERGE_F16
-    const uint32_t o_addr = smem_addr(reinterpret_cast<const __half*>(merge_o) + row * kMergeStrideH + d);
-#pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok4[k] = ld_cluster_f16x4(map_rank(o_addr, k));
-#else
-    const uint32_t o_addr = smem_addr(merge_o + row * kMergeStride + d);
-#pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok4[k] = ld_cluster_v4(map_rank(o_addr, k));
-#endif
-    float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
-    if (j < kCluster) mlj = ld_cluster_v4(map_rank(smem_addr(&s_mls[row]), j));
-#pragma unroll
-    for (int k = 0; k < kCluster; ++k) ok[k][0] = ok4[k].x, ok[k][1] = ok4[k].y, ok[k][2] = ok4[k].z, ok[k][3] = ok4[k].w;
-    combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
-  }
-#endif
   TRACE(15);
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
 
   if (active == 1) {
     PROBE(8);
-    cluster_arrive();  // done with the other CTAs' shared memory
     if (merger) {
       const float inv = 1.0f / l_all;
       float ov[kCols];
@@ -1742,7 +1593,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       finish_row<kRowThreads>(ov, sg, out_ptr);
       PROBE(9);
     }
-    cluster_wait();  // no CTA leaves while others read its shared memory
     TRACE(11);
     return;
   }
@@ -1756,7 +1606,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int pair = req * p.num_kv_heads + kvh;
   int* counter = static_cast<int*>(p.workspace) + pair * detail::kAttn2MaxCluster + rank;  // per (pair, rank)
   const int64_t slice0 = static_cast<int64_t>(pair) * p.num_splits * kRows;  // (pair, slice 0, row 0)
-#if MUSE_ATTN2_TICKET_MERGE
   // Every slice publishes its partial rows (st_ws: each word marks itself
   // written), then thread 0 takes a ticket with a relaxed add, unordered with
   // the stores: no wait for them to land. The CTA with the last ticket merges
@@ -1764,7 +1613,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // It only ever waits for CTAs that took their ticket before it: those have
   // issued their stores and wait for nothing else (no deadlock, whatever the
   // grid's waves).
-  cluster_arrive();  // done with the other CTAs' shared memory
   // Where the whole grid is co-resident (host: p.resident), one fixed slice
   // merges without a ticket: it polls the others' words until they are written, one
   // L2 round trip sooner than the ticket's answer. It waits only for CTAs
@@ -1789,7 +1637,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   }
   __syncthreads();
   if (!s_last || !merger) {
-    cluster_wait();  // no CTA leaves while others read its shared memory
     TRACE(11);
     return;
   }
@@ -1838,7 +1685,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         clear_ws_cols<kCols>(&ws_o[at * kHeadDim + d]);
       }
     }
-#if MUSE_ATTN2_MERGE_TWO_PASS
     // The round's largest m first (exact whatever the order), then every
     // slice's weight at once; the sums stay in slice order.
     float mk[kRound], lk[kRound], ok[kRound][kCols];
@@ -1868,71 +1714,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         for (int c = 0; c < kCols; ++c) f[c] = fmaf(w, ok[k][c], f[c]);
       }
     }
-#else
-    static_assert(kCols == 4, "mt0 takes -DMUSE_ATTN2_WIDE_ROWS=0");
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      const int z = z0 + k;
-      if (z < active) {
-        if (z == split)
-          merge_slice(m_all, l_all, make_float4(acc[0], acc[1], acc[2], acc[3]), m_max, l_sum, f);
-        else
-          merge_slice(ws_value(ml[k].x), ws_value(ml[k].y),
-                      make_float4(ws_value(ov[k][0]), ws_value(ov[k][1]), ws_value(ov[k][2]), ws_value(ov[k][3])),
-                      m_max, l_sum, f);
-      }
-    }
-#endif
   }
-#else
-  static_assert(kCols == 4, "tk0 takes -DMUSE_ATTN2_WIDE_ROWS=0");
-  cluster_arrive();  // done with the other CTAs' shared memory
-  if (merger) {
-    const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
-    if (d == 0) __stcg(&ws_ml[at], make_float2(m_all, l_all));
-    __stcg(reinterpret_cast<float4*>(&ws_o[at * kHeadDim + d]), make_float4(acc[0], acc[1], acc[2], acc[3]));
-  }
-  TRACE(16);
-  // Arrival: the CTA barrier orders this CTA's partial rows before thread 0's
-  // acquire-release add at GPU scope; the same chain (add, then the barrier)
-  // orders the other slices' rows before the last one's loads. No full fences,
-  // no cluster-wide barrier.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int before;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-    s_last = before == active - 1;
-    if (s_last) *counter = 0;  // ready for the next launch (which reads it after its griddepcontrol.wait)
-    TRACE(17);
-  }
-  __syncthreads();
-  PROBE(8);
-  if (!s_last || !merger) {
-    cluster_wait();  // no CTA leaves while others read its shared memory
-    TRACE(11);
-    return;
-  }
-  // Merge every slice of this row in slice order (the order, hence the bits,
-  // is fixed), 16 slices per round: all their loads in flight at once, one
-  // L2 round trip per round instead of one per slice.
-  constexpr int kRound = 16;
-  float m_max = -INFINITY, l_sum = 0.0f, f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int z0 = 0; z0 < active; z0 += kRound) {
-    float2 ml[kRound];
-    float4 ov[kRound];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      if (z0 + k < active) {
-        const int64_t at = slice0 + (z0 + k) * kRows + row;
-        ml[k] = __ldcg(&ws_ml[at]);
-        ov[k] = __ldcg(reinterpret_cast<const float4*>(&ws_o[at * kHeadDim + d]));
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kRound; ++k)
-      if (z0 + k < active) merge_slice(ml[k].x, ml[k].y, ov[k], m_max, l_sum, f);
-  }
-#endif
   TRACE(18);
   const float inv = 1.0f / l_sum;
   float ov[kCols];
@@ -1941,7 +1723,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
   finish_row<kRowThreads>(ov, sg, out_ptr);
   PROBE(9);
-  cluster_wait();
   TRACE(11);
 }
 
