@@ -242,10 +242,11 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 
 // Split merge: the partials' words carry their own "written" mark (see the
 // kernel's split path), and the merger merges each round in two passes, the
-// round's max first, then the weighted sums. Where the host says the whole grid is co-resident (p.resident), one fixed
-// slice merges by polling, without the ticket: the last active one (2), which
-// at 8k holds the step's newest keys (copied after the wait) and so tends to
-// finish last, or slice 0 (1, token fm1); 0 (token fm0): always the ticket.
+// round's max first, then the weighted sums. Where the host says the whole
+// grid is co-resident (p.resident), one fixed slice merges by polling, without
+// the ticket: the last active one (2), which at 8k holds the step's newest
+// keys (copied after the wait) and so tends to finish last, or slice 0 (1,
+// token fm1); 0 (token fm0): always the ticket.
 #ifndef MUSE_ATTN2_FIXED_MERGER
 #define MUSE_ATTN2_FIXED_MERGER 2
 #endif
@@ -361,9 +362,10 @@ __device__ __forceinline__ void pin(float (&d)[N][4]) {
     asm volatile("" : "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])::"memory");
 }
 
-__device__ __forceinline__ void pin_a(uint32_t (&a)[4][4]) {
+template <int K>
+__device__ __forceinline__ void pin_a(uint32_t (&a)[K][4]) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
+  for (int k = 0; k < K; ++k)
     asm volatile("" : "+r"(a[k][0]), "+r"(a[k][1]), "+r"(a[k][2]), "+r"(a[k][3])::"memory");
 }
 
@@ -912,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   bool bad = false;
   int active;
-  [[maybe_unused]] bool early_push = false;  // (see below; the mma.sync path and the pull merge never)
+  [[maybe_unused]] bool early_push = false;  // (see below; the mma.sync path never)
 #if MUSE_ATTN2_WGMMA_PATH
   // Tiles of 4 pages go round-robin over the warpgroups of the active slices:
   // warpgroup vme takes tiles vme, vme + wgs, ... (tile t: pages first_page + 4t ..).
@@ -1203,18 +1205,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         for (int t = 0; t < 12; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[t - 8][e];
-        if (masked || maskedb)
-          mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : key0b + (t - 8) * 8) + col + (e & 1); },
-                    pos, p.window);
-        online_softmax(w, m_run, l_run, alpha);  // (the first tile: O is 0, alpha 0)
-        uint32_t pb[4][4];
+        // The tail's tile is the next one (key0b = key0 + 64): one run of 96 keys
+        // from key0. (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
+        softmax(w, key0, masked || maskedb, alpha);
+        uint32_t pb[2][4];
 #pragma unroll
         for (int t = 0; t < 12; ++t) {
           uint32_t(&dst)[4] = t < 8 ? pa[t / 2] : pb[(t - 8) / 2];
           dst[(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
           dst[(t % 2) * 2 + 1] = pack_bf16(w[t][2], w[t][3]);
         }
-        pb[2][0] = pb[2][1] = pb[2][2] = pb[2][3] = pb[3][0] = pb[3][1] = pb[3][2] = pb[3][3] = 0u;
         TRACE(25);
         wgmma_fence();
 #pragma unroll
@@ -1552,7 +1552,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   float m_all = -INFINITY, l_all = 0.0f;
   if (merger) {
     // Every rank's piece of this row from the receive area, once all landed;
-    // then the same sums as the pull merge, in rank order.
+    // then the weighted sums in rank order.
     mbar_wait(&recv_bar, 0);
     const int j = threadIdx.x % kRowThreads, rr = threadIdx.x / kRowThreads;  // rr = row % kMergeRows
     const __half* rcv_o = reinterpret_cast<const __half*>(smem + kRecvOffset);
