@@ -19,6 +19,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
             # et2: at once in every CTA),
+            # si0 (the interleaved slice's first page ids loaded again after L),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # wt0 (the tail as a pass of its own after warpgroup 0's tile, not joined to the last tile's),
@@ -54,6 +55,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
+      si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       wt0) f="$f -DMUSE_ATTN2_WIDE_TAIL=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;

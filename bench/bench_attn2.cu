@@ -7,9 +7,10 @@
 // request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
 // 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
 //
-//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N] [--cluster 8|16]
+//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N] [--cluster 8|16] [--len L]
 // (--splits: every shape with that many slices instead of attn2_splits'; --cluster:
-// CTAs per slice on every path; both experiments)
+// CTAs per slice on every path; --len: every shape at that length (at most its
+// max_model_len); all three experiments)
 #include <cuda_runtime.h>
 
 #include "bench_util.h"
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
   const char* json_path = nullptr;
   bool quick = false;
   std::vector<int> only;
-  int splits_override = 0;
+  int splits_override = 0, len_override = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
@@ -199,6 +200,7 @@ int main(int argc, char** argv) {
       }
     } else if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) splits_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--cluster") && i + 1 < argc) g_cluster_override = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) len_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   if (!md::supported_family(md::gpu_family())) {
@@ -231,6 +233,8 @@ int main(int argc, char** argv) {
       if (i >= 0 && i < static_cast<int>(shapes.size())) picked.push_back(shapes[i]);
     shapes = picked;
   }
+  for (Shape& s : shapes)  // --len: an experiment, e.g. a length whose tiles split evenly over the warpgroups
+    if (len_override > 0) s.len = std::min(len_override, s.mml);
   FILE* json = json_path ? std::fopen(json_path, "w") : nullptr;
   std::vector<Result> results;
   for (const Shape& s : shapes) {

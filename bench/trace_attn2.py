@@ -61,6 +61,37 @@ def main():
         a, b, c = per_phase[i]
         if a:
             print(f"  {name:16s} {med(a):7.2f} {med(b):7.2f} {med(c):7.2f}   ({len(a)} calls)")
+    # The polling merger (word 8: slice, head, rank; at its first poll, the
+    # slots it found unwritten): how long after its own "partial stored" stamp
+    # (its polls start there) its first poll returned, which slices it still
+    # missed and when those had stamped theirs.
+    first_rt, load_after, missing_n, late_store = [], [], [], []
+    for cur in calls[2:]:
+        who = {}
+        for r in cur:
+            if r[16] and r[8] >> 32:
+                w = (r[8] >> 8) & 0xFFFFFF
+                who[(w & 0xFF, (w >> 8) & 0xFF, w >> 16)] = r
+        for r in cur:
+            if not (r[20] and r[21] and r[16] and r[8] >> 32):
+                continue
+            w = (r[8] >> 8) & 0xFFFFFF
+            kvh, rank, mask = (w >> 8) & 0xFF, w >> 16, r[8] & 0xFF
+            first_rt.append((r[21] - r[16]) / 1e3)
+            if r[18]:
+                load_after.append((r[18] - r[21]) / 1e3)
+            missing_n.append(bin(mask).count("1"))
+            for z in range(8):
+                o = who.get((z, kvh, rank))
+                if mask >> z & 1 and o is not None:
+                    late_store.append((o[16] - r[16]) / 1e3)
+    if first_rt:
+        print(f"# merger: first poll back {med(first_rt):.2f} us after its own rows were merged (median); "
+              f"slots unwritten then {dict(sorted((k, missing_n.count(k)) for k in set(missing_n)))}; "
+              f"loaded {med(load_after or [0]):.2f} us after the first poll")
+        if late_store:
+            print(f"#   the missing slices stamped their partial {med(late_store):.2f} us after the merger's "
+                  f"(median; min {min(late_store):.2f}, max {max(late_store):.2f}, {len(late_store)} slots)")
     # Where the working CTAs (those that had a tile) sit, per call: SM -> their
     # CTA indices. SMs holding two of them share their MUFU, tensor cores and
     # copy bandwidth.
