@@ -760,8 +760,16 @@ __device__ unsigned int g_ring_n;
     }                                                                                              \
     g_ring[trace_slot][i] = global_ns();                                                           \
   }
+// The stamp once v has arrived (a load's value: the timer read waits for it).
+#define TRACE_DEP(i, v)                                                                            \
+  if (threadIdx.x == 0) {                                                                          \
+    unsigned long long t_;                                                                         \
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_) : "r"(static_cast<int>(v)));              \
+    g_ring[trace_slot][i] = t_;                                                                    \
+  }
 #else
 #define TRACE(i)
+#define TRACE_DEP(i, v)
 #endif
 #ifdef MUSE_ATTN2_PROBE
 __device__ unsigned long long g_probe[16][12];
@@ -916,6 +924,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
   const int L = p.seq_lens[req];
   PROBE(2);
+  TRACE_DEP(2, L);  // (L arrived)
   const bool broken = L < kVerifyLen || L > p.max_model_len;
   // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
   const int lo = p.window > 0 ? max(0, L - (kVerifyLen - 1) - p.window) : 0;
@@ -1088,7 +1097,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         first_page + tile_of(0) * kTilePages + lane <= last_page)
       ids0 = bt[first_page + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
-    TRACE(31);
+    TRACE_DEP(31, ids0);  // (the first tile's ids arrived)
     const int early = r_two > 0 ? 2 : kEarlyTiles;
 #ifdef MUSE_ATTN2_DIAG_NEWEST_EARLY  // timing only: this step's tile copied before the wait too (the bench never writes it)
     while (issued < min(ring, early)) issue(issued++);
