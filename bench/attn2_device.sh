@@ -13,8 +13,8 @@
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split),
-            # fm0 (the split merge always by ticket, not by a fixed slice polling where the grid is
-            # resident; fm1: slice 0 polls, not the last active slice),
+            # fm0 (the split merge always by ticket, not by the last active slice polling where the
+            # grid is resident),
             # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
@@ -22,13 +22,10 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # si0 (the interleaved slice's first page ids loaded again after L),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
-            # wt0 (the tail as a pass of its own after warpgroup 0's tile, not joined to the last tile's),
             # il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
             # N round-robin rounds on; below, its full share; v20: lt2,lm0),
-            # cl0 (the push merge's owner shuffles the ranks' weights round, not each thread all),
-            # pu0 (the push as a loop, not unrolled),
             # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
@@ -39,7 +36,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait).
             # (ra0, tk0, mt0, mf0, pm0 and ncm<N> of the notes were removed with their code in
-            # the twelfth session.)
+            # the twelfth session; wt0, cl0, pu0 and fm1 in the thirteenth.)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -50,19 +47,16 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       e[0-9]*) f="$f -DMUSE_ATTN2_EARLY_TILES=${t#e}";;
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
-      fm[0-9]) f="$f -DMUSE_ATTN2_FIXED_MERGER=${t#fm}";;
+      fm0) f="$f -DMUSE_ATTN2_FIXED_MERGER=0";;
       wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
-      wt0) f="$f -DMUSE_ATTN2_WIDE_TAIL=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
-      cl0) f="$f -DMUSE_ATTN2_COMBINE_LOCAL=0";;
-      pu0) f="$f -DMUSE_ATTN2_PUSH_UNROLL=0";;
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
       os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;

@@ -156,18 +156,14 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_BLOCKED
 #define MUSE_ATTN2_BLOCKED 1
 #endif
-// The tail joins the last whole tile's pass (m64n64 + m64n32 for S, one
-// softmax over the 96 keys, 6 k-steps of P V) in the warpgroup with that tile,
-// instead of a pass of its own after it; 0 (token wt0): the pass of its own.
-#ifndef MUSE_ATTN2_WIDE_TAIL
-#define MUSE_ATTN2_WIDE_TAIL 1
-#endif
 // One-slice kernel, one tile more than warpgroups, and that tile (the
 // newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
-// pages, 32 x 4 + 1 or 2): its keys, as N = 32 (S m64n32, P V in 2 k-steps),
-// join the last whole tile's pass (MUSE_ATTN2_WIDE_TAIL above) or follow
-// warpgroup 0's tile as a pass of their own, instead of any warpgroup taking
-// two whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
+// pages, 32 x 4 + 1 or 2): its keys, as N = 32, join the pass of the last
+// whole tile in the warpgroup with that tile (S as m64n64 + m64n32, one
+// softmax over the 96 keys, 6 k-steps of P V), instead of any warpgroup
+// taking two whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
+// (Before v25 the tail was a pass of its own after warpgroup 0's tile; that
+// form was removed in the thirteenth session, bench/NOTES-attn2.md.)
 #ifndef MUSE_ATTN2_TAIL
 #define MUSE_ATTN2_TAIL 1
 #endif
@@ -218,15 +214,6 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // Where no warpgroup fills its last stage (short L), the push starts as soon
 // as the CTA's own key loop is done (see early_push); 0 (token ep0): once
 // every CTA of the cluster is past its loop.
-// The push merge's owner computes every rank's weight in each thread
-// (combine_ranks_local); 0 (token cl0): by shuffles (combine_ranks).
-#ifndef MUSE_ATTN2_COMBINE_LOCAL
-#define MUSE_ATTN2_COMBINE_LOCAL 1
-#endif
-// The push loop unrolled (2 chunks per thread); 0 (token pu0): a loop.
-#ifndef MUSE_ATTN2_PUSH_UNROLL
-#define MUSE_ATTN2_PUSH_UNROLL 1
-#endif
 #ifndef MUSE_ATTN2_EARLY_PUSH
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
@@ -248,12 +235,12 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // Split merge: the partials' words carry their own "written" mark (see the
 // kernel's split path), and the merger merges each round in two passes, the
 // round's max first, then the weighted sums. Where the host says the whole
-// grid is co-resident (p.resident), one fixed slice merges by polling, without
-// the ticket: the last active one (2), which at 8k holds the step's newest
-// keys (copied after the wait) and so tends to finish last, or slice 0 (1,
-// token fm1); 0 (token fm0): always the ticket.
+// grid is co-resident (p.resident), the last active slice merges by polling,
+// without the ticket: at 8k it holds the step's newest keys (copied after the
+// wait) and so tends to finish last (v28: 0.05-0.1 us before slice 0 there);
+// 0 (token fm0): always the ticket.
 #ifndef MUSE_ATTN2_FIXED_MERGER
-#define MUSE_ATTN2_FIXED_MERGER 2
+#define MUSE_ATTN2_FIXED_MERGER 1
 #endif
 // The work after the key loop (the cluster merge of a CTA's rows, the split
 // merge, the o-norm and gate) runs on 32 threads per row with 2 columns each
@@ -617,32 +604,11 @@ __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int acti
 }
 
 // The cluster merge of one row, in rank order: ok[k] holds this thread's
-// kCols columns of rank k's O (from fp16, scaled), lane j < kCluster of
-// the row's kRowThreads holds rank j's (m, l, 2^e) in mlj (the others -inf);
-// the weights go round by shuffles.
-template <int kCluster, int kRowThreads, int kCols>
-__device__ __forceinline__ void combine_ranks(const float (&ok)[kCluster][kCols], float4 mlj, float& m_all,
-                                              float& l_all, float (&acc)[kCols]) {
-  m_all = mlj.x;
-#pragma unroll
-  for (int m = 1; m < kRowThreads; m <<= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xFFFFFFFFu, m_all, m));
-  const float wj = mlj.x == -INFINITY ? 0.0f : fast_exp2(mlj.x - m_all);
-  const float wlj = wj * mlj.y;
-  const float wo = wj * mlj.z;  // rank j's O weight: its softmax weight times its row's 2^e
-  const int row_lane0 = threadIdx.x % 32 & ~(kRowThreads - 1);
-#pragma unroll
-  for (int k = 0; k < kCluster; ++k) {
-    const float w = __shfl_sync(0xFFFFFFFFu, wo, row_lane0 + k);
-    l_all += __shfl_sync(0xFFFFFFFFu, wlj, row_lane0 + k);
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[c] += w * ok[k][c];
-  }
-}
-
-// The same where every rank's (m, l, 2^e) of the row is in this CTA's shared
-// memory (the push merge's receive area): each thread loads all of them and
-// computes every weight itself, instead of a max by shuffles and the weights
-// shuffled round (32 shuffles fewer on the chain). mls[k * stride]: rank k's.
+// kCols columns of rank k's O (from fp16, scaled), mls[k * stride] rank k's
+// (m, l, 2^e) in this CTA's shared memory (the push merge's receive area).
+// Each thread loads all of them and computes every weight itself (v26: a
+// max by shuffles and the weights shuffled round from the row's lanes put
+// 32 more shuffles on the chain).
 template <int kCluster, int kCols>
 __device__ __forceinline__ void combine_ranks_local(const float (&ok)[kCluster][kCols], const float4* mls, int stride,
                                                     float& m_all, float& l_all, float (&acc)[kCols]) {
@@ -1002,10 +968,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
   const bool tail = MUSE_ATTN2_TAIL && kOneSlice && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
-  // The tail's warpgroup: the one with the last whole tile where the tail
-  // joins that tile's pass (MUSE_ATTN2_WIDE_TAIL: its keys follow on), else
-  // warpgroup 0.
-  const bool has_tail = tail && vme == (MUSE_ATTN2_WIDE_TAIL ? wgs - 1 : 0);  // its second tile is the tail
+  // The tail's warpgroup: the one with the last whole tile (the tail's keys
+  // follow on).
+  const bool has_tail = tail && vme == wgs - 1;  // its second tile is the tail
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
@@ -1218,7 +1183,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
-#if MUSE_ATTN2_WIDE_TAIL
       if (has_tail) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
         static_assert(kTailPages * kPageSize == 32, "the tail is m64n32");
         int key0b;
@@ -1258,17 +1222,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         pin_a(pa);
         pin_a(pb);
         release(0, s);
-      } else
-#endif
-      {
+      } else {
         wgmma_wait<0>();
         pin(s_acc);
         TRACE(24);
         softmax(s_acc, key0, masked, alpha);
         rescale_and_pack(s_acc, alpha);
         TRACE(25);
-        const int loop_tiles = my_tiles - (has_tail ? 1 : 0);  // the tail pass follows the loop
-        for (int it = 0; it + 1 < loop_tiles; ++it) {
+        for (int it = 0; it + 1 < my_tiles; ++it) {
           const int s_next = tile_ready(it + 1, key0, masked);
           issue_s(s_acc, s_next);
           issue_pv(s);
@@ -1286,21 +1247,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         wgmma_wait<0>();
         pin(o);
         pin_a(pa);
-        release(loop_tiles - 1, s);
-        if (has_tail) {  // (warpgroup-uniform) the tile's first kTailPages pages, N = 32
-          static_assert(kTailPages * kPageSize == 32, "the tail pass is m64n32");
-          s = tile_ready(1, key0, masked);
-          float t_acc[4][4];
-          issue_s(t_acc, s);
-          wgmma_wait<0>();
-          pin(t_acc);
-          softmax(t_acc, key0, masked, alpha);
-          rescale_and_pack(t_acc, alpha);  // (pa[0], pa[1]: keys 0-31)
-          issue_pv(s, kTailPages * kPageSize / 16);
-          wgmma_wait<0>();
-          pin(o);
-          pin_a(pa);
-        }
+        release(my_tiles - 1, s);
       }
       TRACE(26);
     }
@@ -1548,14 +1495,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // of 16 bytes of O per row, then one of m, l, 2^e.
     const uint32_t recv = smem_addr(smem + kRecvOffset), bar = smem_addr(&recv_bar);
     const __half* own_o = reinterpret_cast<const __half*>(merge_o);
-#if MUSE_ATTN2_PUSH_UNROLL
     static_assert(kRows * 8 % kThreads == 0, "whole rounds of chunks");
-#pragma unroll
+#pragma unroll  // (as a loop: 0.03-0.1 us slower, v27)
     for (int i = 0; i < kRows * 8 / kThreads; ++i) {
       const int c = threadIdx.x + i * kThreads;
-#else
-    for (int c = threadIdx.x; c < kRows * 8; c += kThreads) {
-#endif
       const int r = c / 8, q = c % 8;
       const uint4 v = *reinterpret_cast<const uint4*>(own_o + r * kMergeStrideH + q * 8);
       push_v4(recv + ((rank * kMergeRows + r % kMergeRows) * kHeadDim + q * 8) * 2, v, bar, r / kMergeRows);
@@ -1583,7 +1526,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // Every rank's piece of this row from the receive area, once all landed;
     // then the weighted sums in rank order.
     mbar_wait(&recv_bar, 0);
-    const int j = threadIdx.x % kRowThreads, rr = threadIdx.x / kRowThreads;  // rr = row % kMergeRows
+    const int rr = threadIdx.x / kRowThreads;  // row % kMergeRows
     const __half* rcv_o = reinterpret_cast<const __half*>(smem + kRecvOffset);
     const float4* rcv_mls = reinterpret_cast<const float4*>(smem + kRecvOffset + kRows * kHeadDim * 2);
     float ok[kCluster][kCols];
@@ -1599,14 +1542,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         ok[k][0] = v.x, ok[k][1] = v.y;
       }
     }
-#if MUSE_ATTN2_COMBINE_LOCAL
-    (void)j;
     combine_ranks_local<kCluster>(ok, rcv_mls + rr, kMergeRows, m_all, l_all, acc);
-#else
-    float4 mlj = make_float4(-INFINITY, 0.0f, 1.0f, 0.0f);
-    if (j < kCluster) mlj = rcv_mls[j * kMergeRows + rr];
-    combine_ranks<kCluster, kRowThreads>(ok, mlj, m_all, l_all, acc);
-#endif
   }
   TRACE(15);
   __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
@@ -1648,7 +1584,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // that wait for nothing (every other slice stores and leaves), and all of
   // them fit on the GPU beside it, so it cannot wait forever.
   const bool fixed = MUSE_ATTN2_FIXED_MERGER && p.resident;
-  const int merge_split = MUSE_ATTN2_FIXED_MERGER == 2 ? active - 1 : 0;
+  const int merge_split = active - 1;
   if (merger && !(fixed && split == merge_split)) {  // (the merger's own rows are not read back: they stay in registers)
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
     if (d == 0) st_ws(&ws_ml[at], make_float2(m_all, l_all));
