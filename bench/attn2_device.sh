@@ -20,6 +20,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
             # et2: at once in every CTA),
             # si0 (the interleaved slice's first page ids loaded again after L),
+            # sn0 (a first tile with this step's keys copied whole after the wait, not in two parts),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # il0 (the grid's last
@@ -53,6 +54,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
+      sn0) f="$f -DMUSE_ATTN2_SPLIT_NEWEST=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
@@ -72,6 +74,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
   done
   echo "$f"
 }
+for v in $VARIANTS; do  # an unknown token stops here (inside $(vflags) below it would not)
+  vflags "$v" > /dev/null || exit 2
+done
 FIRST=${VARIANTS%% *}
 FIRST=${FIRST//,/_}
 

@@ -174,6 +174,11 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_INTERLEAVE
 #define MUSE_ATTN2_INTERLEAVE 1
 #endif
+// A first tile that holds this step's keys is copied in two parts, its older
+// pages before griddepcontrol.wait; 0 (token sn0): all of it after.
+#ifndef MUSE_ATTN2_SPLIT_NEWEST
+#define MUSE_ATTN2_SPLIT_NEWEST 1
+#endif
 // The interleaved slice's first page ids load with L's, not after it; 0
 // (token si0): loaded again once L says the slices interleave.
 #ifndef MUSE_ATTN2_INTERLEAVE_IDS
@@ -1069,6 +1074,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #else
     while (issued < min(ring, early) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
+#if MUSE_ATTN2_SPLIT_NEWEST
+    // Tile 0 holds this step's keys (a warpgroup's only tile at short L): its
+    // older pages now, the whole tile's bytes expected on its barrier, and
+    // only the page(s) with the step's keys after the wait (issued -1 says so).
+    if (issued == 0 && ring > 0 && early > 0 && first_page + tile_of(0) * kTilePages < first_new_page) {
+      const int pi = first_page + tile_of(0) * kTilePages + lane;
+      const bool want = lane < kTilePages && pi <= last_page;
+      const bool ok = want && ids0 >= 0 && ids0 < p.num_pages;
+      bad |= want && !ok;
+      const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+      if (lane == 0) mbar_arrive_expect_tx(&full_bar[kh * kWgStages], __popc(ok_mask) * kPageBytes);
+      __syncwarp();
+      if (ok && pi < first_new_page) {
+        const uint32_t dst = stage_addr(kh * kWgStages) + lane * (kHalfBytes / kTilePages);
+        tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
+        tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
+      }
+      issued = -1;
+    }
+#endif
 #endif
     TRACE(28);
   }
@@ -1081,8 +1106,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   PROBE(3);
   load_q_and_gate();
 #endif
-  if (rw == 0)
+  if (rw == 0) {
+#if MUSE_ATTN2_SPLIT_NEWEST
+    if (issued < 0) {  // tile 0's pages with this step's keys
+      const int pi = first_page + tile_of(0) * kTilePages + lane;
+      if (lane < kTilePages && pi <= last_page && pi >= first_new_page && ids0 >= 0 && ids0 < p.num_pages) {
+        const uint32_t dst = stage_addr(kh * kWgStages) + lane * (kHalfBytes / kTilePages);
+        tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
+        tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
+      }
+      issued = 1;
+    }
+#endif
     while (issued < ring) issue(issued++);
+  }
   TRACE(29);
 
   // ---- Q tile, 128-byte swizzled: 16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16 ----
