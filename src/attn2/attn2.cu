@@ -35,9 +35,9 @@
 // (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
 // V boxes by TMA (5-D tensor map of the cache, 128-byte swizzle), S = Q K^T
 // and O += P V run as wgmma m64n64k16 (Q, K, V from shared memory, P from
-// registers), and the next tile's S overlaps the current P V. Under PDL each
-// warpgroup's first tile is copied before griddepcontrol.wait when all of its
-// keys are older than the step's 8.
+// registers), and the next tile's S overlaps the current P V. Under PDL the
+// pages of each warpgroup's first tile that hold only keys older than the
+// step's 8 are copied before griddepcontrol.wait, the others after it.
 //
 // mma.sync path. Warp 0 also produces: it copies whole 4 KB (page, KV head)
 // slots with cp.async.bulk, one 8-page group per stage, 3 stages. Warps w and
