@@ -13,8 +13,9 @@
 // KV heads, and then the last two clusters take fewer tiles; one slice with a
 // few more tiles than warpgroups gives the two-tile warpgroups the oldest
 // tiles in pairs, and one tile more of at most 2 pages, as under a 2048-key
-// window, joins the last whole tile's pass as 32 more keys). Launches with one slice
-// (num_splits 1) run their own instantiation, without the split path.
+// window, goes in pieces of 8 keys into the passes of the second warpgroups
+// of the last 2-4 CTAs). Launches with one slice (num_splits 1) run their
+// own instantiation, without the split path.
 // Each CTA keeps an online-softmax state (m, l, unnormalised O) of
 // all 64 rows; the cluster merges its C states through distributed shared
 // memory: CTA rank r owns rows [r*64/C, ...), and every CTA stores those rows
@@ -158,16 +159,26 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #endif
 // One-slice kernel, one tile more than warpgroups, and that tile (the
 // newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
-// pages, 32 x 4 + 1 or 2): its keys, as N = 32, join the pass of the last
-// whole tile in the warpgroup with that tile (S as m64n64 + m64n32, one
-// softmax over the 96 keys, 6 k-steps of P V), instead of any warpgroup
-// taking two whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
+// pages, 32 x 4 + 1 or 2): its keys join the passes of whole tiles
+// (MUSE_ATTN2_TAIL_PIECES below), instead of any warpgroup taking two
+// whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
 // (Before v25 the tail was a pass of its own after warpgroup 0's tile; that
 // form was removed in the thirteenth session, bench/NOTES-attn2.md.)
 #ifndef MUSE_ATTN2_TAIL
 #define MUSE_ATTN2_TAIL 1
 #endif
 [[maybe_unused]] constexpr int kTailPages = 2;  // (the mma.sync path never uses it)
+// The tail in pieces of 8 keys (2 per page), one to each of the second
+// warpgroups of the last 2 or 4 CTAs, each joining its own tile's pass as
+// N = 8 (S m64n64 + m64n8, one softmax over 72 keys, P V in 5 k-steps, the
+// piece page's other 8 keys at P = 0): window 2048 3.97-4.00 -> 3.80-3.82
+// us (v31). 0 (token tp0): all of it joins the last warpgroup's pass as
+// N = 32 (m64n64 + m64n32, 96 keys, 6 k-steps; v25). Pieces to both
+// warpgroups of the last CTA made the window 0.08 us slower than that: both
+// then wait for the tail's copy after griddepcontrol.wait.
+#ifndef MUSE_ATTN2_TAIL_PIECES
+#define MUSE_ATTN2_TAIL_PIECES 1
+#endif
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
 // slice blockIdx.x / C of head blockIdx.y.
@@ -377,11 +388,20 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
 }
 
 // The same with N = 32: d (64 x 32) of the tail pass (see MUSE_ATTN2_TAIL).
-__device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+[[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n\t}"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The same with N = 8: d (64 x 8) of a tail piece (see MUSE_ATTN2_TAIL_PIECES).
+[[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[1][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %6, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n\t}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -974,8 +994,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const bool tail = MUSE_ATTN2_TAIL && kOneSlice && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
   // The tail's warpgroup: the one with the last whole tile (the tail's keys
-  // follow on).
+  // follow on), or (MUSE_ATTN2_TAIL_PIECES) the second warpgroups of the
+  // last 2 CTAs per tail page, piece tail_piece of 8 keys each (one
+  // warpgroup per CTA waits for the tail's copy, the other starts at once).
+#if MUSE_ATTN2_TAIL_PIECES
+  const int tail_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
+  const int tail_piece = (wgs - 1 - vme) / 2;
+  const bool has_tail = tail && vme % 2 == 1 && tail_piece < tail_pieces;  // its second tile is the tail
+#else
   const bool has_tail = tail && vme == wgs - 1;  // its second tile is the tail
+#endif
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
@@ -1220,6 +1248,58 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
+#if MUSE_ATTN2_TAIL_PIECES
+      if (has_tail) {  // (warpgroup-uniform) one pass over the tile and its tail piece: 64 + 8 keys
+        int key0b;
+        bool maskedb;
+        const int sb = tile_ready(1, key0b, maskedb);
+        float t_acc[1][4];
+        // S of the piece: keys 8 * tail_piece.. of the tail's stage, one 1024-byte swizzle atom.
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+          wgmma_ss(t_acc, sw128_desc(q_tile + ks * 32, 16, 1024),
+                   sw128_desc(stage_addr(sb) + tail_piece * 1024 + ks * 32, 16, 1024), ks);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s_acc);
+        pin(t_acc);
+        float w[9][4];  // the 72 keys' scores, then their P
+#pragma unroll
+        for (int t = 0; t < 9; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[0][e];
+        // (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
+        const int keyp = key0b + tail_piece * 8;
+        mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, p.window);
+        online_softmax(w, m_run, l_run, alpha);
+        // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
+        uint32_t pb[4];
+        const uint32_t pr0 = pack_bf16(w[8][0], w[8][1]), pr1 = pack_bf16(w[8][2], w[8][3]);
+        const bool hi = tail_piece % 2;
+        pb[0] = hi ? 0u : pr0;
+        pb[1] = hi ? 0u : pr1;
+        pb[2] = hi ? pr0 : 0u;
+        pb[3] = hi ? pr1 : 0u;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          pa[t / 2][(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
+          pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(w[t][2], w[t][3]);
+        }
+        TRACE(25);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+        wgmma_rs(o, pb, sw128_desc(stage_addr(sb) + kHalfBytes + tail_piece / 2 * 2048, kHalfBytes, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(o);
+        pin_a(pa);
+        asm volatile("" : "+r"(pb[0]), "+r"(pb[1]), "+r"(pb[2]), "+r"(pb[3])::"memory");
+        release(0, s);
+      } else
+#else
       if (has_tail) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
         static_assert(kTailPages * kPageSize == 32, "the tail is m64n32");
         int key0b;
@@ -1259,7 +1339,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         pin_a(pa);
         pin_a(pb);
         release(0, s);
-      } else {
+      } else
+#endif
+      {
         wgmma_wait<0>();
         pin(s_acc);
         TRACE(24);
