@@ -387,7 +387,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The same with N = 32: d (64 x 32) of the tail pass (see MUSE_ATTN2_TAIL).
+// The same with N = 32: d (64 x 32) of the whole tail (the tp0 build, see MUSE_ATTN2_TAIL_PIECES).
 [[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
@@ -1197,7 +1197,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float s_acc[8][4];  // S of one tile (64 rows x 64 keys), then its P in fp32
     uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
     // S = Q K^T: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
-    // (acc: a tile's S, 8 n-tiles, or the tail pass's 4.)
+    // (acc: a tile's S, 8 n-tiles, or the whole tail's 4 in the tp0 build.)
     auto issue_s = [&](auto& acc, int s) {
       wgmma_fence();
 #pragma unroll
@@ -1206,17 +1206,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       wgmma_commit();
     };
     // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows),
-    // asynchronous; the tail pass takes its first 2 k-steps only.
-    auto issue_pv = [&](int s, int ksteps = 4) {
+    // asynchronous.
+    auto issue_pv = [&](int s) {
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < ksteps; ++kk)
+      for (int kk = 0; kk < 4; ++kk)
         wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
       wgmma_commit();
     };
     // The tile's masks (keys past a row's position or below its window), then
     // online_softmax; alpha is applied to O once the previous P V is done.
-    // (acc: a tile's S, 8 n-tiles, or the tail pass's 4.)
+    // (acc: a tile's S, 8 n-tiles, or the joined tile and whole tail's 12 in
+    // the tp0 build.)
     auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
       if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
       online_softmax(acc, m_run, l_run, alpha);
