@@ -1054,6 +1054,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     return (t < my_tiles && pi <= last_page) ? bt[pi] : -1;
   };
   int ids = -1, ids_next = -1;
+  // Stage s expects the bytes of the tile's pages this warp's lanes copy (ok).
+  auto arm_stage = [&](int s, bool ok) {
+    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+    if (lane == 0) mbar_arrive_expect_tx(&full_bar[s], __popc(ok_mask) * kPageBytes);
+    __syncwarp();
+  };
+  // This lane's page (K and V boxes of page id) into its slot of stage s.
+  auto copy_page = [&](int s, int id) {
+    const uint32_t dst = stage_addr(s) + lane * (kHalfBytes / kTilePages);
+    tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, id, &full_bar[s], policy);               // K of the page
+    tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
+  };
   auto issue = [&](int j) {  // tile j (this warpgroup's j-th) into its stage j % 3, which is free
     const int g = tile_of(j);
     const int s = kh * kWgStages + j % kWgStages;
@@ -1070,14 +1082,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const bool want = lane < kTilePages && first_page + g * kTilePages + lane <= last_page;
     const bool ok = want && id >= 0 && id < p.num_pages;
     bad |= want && !ok;
-    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-    if (lane == 0) mbar_arrive_expect_tx(&full_bar[s], __popc(ok_mask) * kPageBytes);
-    __syncwarp();
-    if (ok) {
-      const uint32_t dst = stage_addr(s) + lane * (kHalfBytes / kTilePages);
-      tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, id, &full_bar[s], policy);               // K of the page
-      tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
-    }
+    arm_stage(s, ok);
+    if (ok) copy_page(s, id);
   };
   // PDL: up to here the kernel has read only the lengths and the block
   // table, and below it copies up to kEarlyTiles tiles of keys older than
@@ -1111,14 +1117,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       const bool want = lane < kTilePages && pi <= last_page;
       const bool ok = want && ids0 >= 0 && ids0 < p.num_pages;
       bad |= want && !ok;
-      const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-      if (lane == 0) mbar_arrive_expect_tx(&full_bar[kh * kWgStages], __popc(ok_mask) * kPageBytes);
-      __syncwarp();
-      if (ok && pi < first_new_page) {
-        const uint32_t dst = stage_addr(kh * kWgStages) + lane * (kHalfBytes / kTilePages);
-        tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
-        tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
-      }
+      arm_stage(kh * kWgStages, ok);
+      if (ok && pi < first_new_page) copy_page(kh * kWgStages, ids0);
       issued = -1;
     }
 #endif
@@ -1138,11 +1138,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #if MUSE_ATTN2_SPLIT_NEWEST
     if (issued < 0) {  // tile 0's pages with this step's keys
       const int pi = first_page + tile_of(0) * kTilePages + lane;
-      if (lane < kTilePages && pi <= last_page && pi >= first_new_page && ids0 >= 0 && ids0 < p.num_pages) {
-        const uint32_t dst = stage_addr(kh * kWgStages) + lane * (kHalfBytes / kTilePages);
-        tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
-        tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, ids0, &full_bar[kh * kWgStages], policy);
-      }
+      if (lane < kTilePages && pi <= last_page && pi >= first_new_page && ids0 >= 0 && ids0 < p.num_pages)
+        copy_page(kh * kWgStages, ids0);
       issued = 1;
     }
 #endif
