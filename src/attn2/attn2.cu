@@ -1272,13 +1272,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, p.window);
         online_softmax(w, m_run, l_run, alpha);
         // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
-        uint32_t pb[4];
+        uint32_t pb[1][4];
         const uint32_t pr0 = pack_bf16(w[8][0], w[8][1]), pr1 = pack_bf16(w[8][2], w[8][3]);
         const bool hi = tail_piece % 2;
-        pb[0] = hi ? 0u : pr0;
-        pb[1] = hi ? 0u : pr1;
-        pb[2] = hi ? pr0 : 0u;
-        pb[3] = hi ? pr1 : 0u;
+        pb[0][0] = hi ? 0u : pr0;
+        pb[0][1] = hi ? 0u : pr1;
+        pb[0][2] = hi ? pr0 : 0u;
+        pb[0][3] = hi ? pr1 : 0u;
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           pa[t / 2][(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
@@ -1289,12 +1289,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
           wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
-        wgmma_rs(o, pb, sw128_desc(stage_addr(sb) + kHalfBytes + tail_piece / 2 * 2048, kHalfBytes, 1024));
+        wgmma_rs(o, pb[0], sw128_desc(stage_addr(sb) + kHalfBytes + tail_piece / 2 * 2048, kHalfBytes, 1024));
         wgmma_commit();
         wgmma_wait<0>();
         pin(o);
         pin_a(pa);
-        asm volatile("" : "+r"(pb[0]), "+r"(pb[1]), "+r"(pb[2]), "+r"(pb[3])::"memory");
+        pin_a(pb);
         release(0, s);
       } else
 #else
