@@ -32,6 +32,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
             # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
             # os0 (one-slice launches run the general kernel, not their own),
+            # wk0 (one-slice launches without a window run the window's one-slice kernel, not their own),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
             # nl (no row sums),
@@ -64,6 +65,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
       lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
       os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;
+      wk0) f="$f -DMUSE_ATTN2_WINDOW_KERNEL=0";;
       bl0) f="$f -DMUSE_ATTN2_BLOCKED=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
       dq) f="$f -DMUSE_ATTN2_DIAG_Q_EARLY";;

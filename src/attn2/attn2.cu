@@ -621,6 +621,13 @@ __device__ __forceinline__ void allow_dependents() {
 #ifndef MUSE_ATTN2_ONE_SLICE
 #define MUSE_ATTN2_ONE_SLICE 1  // a kernel of its own for one-slice launches (attn2_kernel's kOneSlice)
 #endif
+// One-slice launches without a window (max_model_len <= 2048) run a kernel
+// of their own too, without the window's tail code (attn2_kernel's kWindow):
+// only a window makes a one-slice tail. 0 (token wk0): one one-slice kernel
+// for both.
+#ifndef MUSE_ATTN2_WINDOW_KERNEL
+#define MUSE_ATTN2_WINDOW_KERNEL 1
+#endif
 __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req,
                                                   bool interleaved = false) {
   const int late_heads = interleaved && MUSE_ATTN2_LATE_TWO ? 2 : 1;
@@ -782,8 +789,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
 
 // kOneSlice: the launch has one slice (num_splits 1: max_model_len <= 2048 or
 // a window), so the split path and its slice logic are compiled out
-// (MUSE_ATTN2_ONE_SLICE=0, token os0: always the general kernel).
-template <int kCluster, bool kOneSlice>
+// (MUSE_ATTN2_ONE_SLICE=0, token os0: always the general kernel). kWindow:
+// the launch may have a window (false only for one-slice launches without
+// one, MUSE_ATTN2_WINDOW_KERNEL), else the window's tail is compiled out.
+template <int kCluster, bool kOneSlice, bool kWindow = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
@@ -991,7 +1000,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // tiles each, the oldest ones in pairs, both copied before the wait, and
   // the others one each, so that the newest tile (this step's keys, copied
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
-  const bool tail = MUSE_ATTN2_TAIL && kOneSlice && num_tiles == wgs + 1 &&
+  const bool tail = MUSE_ATTN2_TAIL && kOneSlice && kWindow && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
   // The tail's warpgroup: the one with the last whole tile (the tail's keys
   // follow on), or (MUSE_ATTN2_TAIL_PIECES) the second warpgroups of the
@@ -1860,27 +1869,30 @@ cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape{dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads),
                                   kDynSmemBytes, kCluster, p.pdl};
+  if (MUSE_ATTN2_ONE_SLICE && MUSE_ATTN2_WINDOW_KERNEL && p.num_splits == 1 && p.window == 0)
+    return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, true, false>>(shape, stream, map, p));
   if (MUSE_ATTN2_ONE_SLICE && p.num_splits == 1)
     return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, true>>(shape, stream, map, p));
   return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, false>>(shape, stream, map, p));
 }
 
-template <int kCluster, bool kOneSlice>
+template <int kCluster, bool kOneSlice, bool kWindow = true>
 cudaError_t set_attributes_of() {
-  cudaError_t err =
-      cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
+  constexpr auto kernel = attn2_kernel<kCluster, kOneSlice, kWindow>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
   // The whole unified L1/shared array as shared memory: two CTAs per SM need 2 x 99.3 KB.
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (err == cudaSuccess && kCluster > 8)
-    err = cudaFuncSetAttribute(attn2_kernel<kCluster, kOneSlice>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   return err;
 }
 template <int kCluster>
 cudaError_t set_attributes() {
-  const cudaError_t err = set_attributes_of<kCluster, false>();
-  return err == cudaSuccess && MUSE_ATTN2_ONE_SLICE ? set_attributes_of<kCluster, true>() : err;
+  cudaError_t err = set_attributes_of<kCluster, false>();
+  if (err == cudaSuccess && MUSE_ATTN2_ONE_SLICE) err = set_attributes_of<kCluster, true>();
+  if (err == cudaSuccess && MUSE_ATTN2_ONE_SLICE && MUSE_ATTN2_WINDOW_KERNEL) err = set_attributes_of<kCluster, true, false>();
+  return err;
 }
 
 template <int kCluster>
