@@ -23,7 +23,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # sn0 (a first tile with this step's keys copied whole after the wait, not in two parts),
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
-            # tp0 (the window's tail whole to the last warpgroup, not in 8-key pieces),
+            # th0 (the window's odd pages at its new end, v31, not its old end),
+            # tp0 (the window's tail whole to the last warpgroup, not in 8-key pieces; implies th0),
             # il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
@@ -59,6 +60,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       sn0) f="$f -DMUSE_ATTN2_SPLIT_NEWEST=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       tp0) f="$f -DMUSE_ATTN2_TAIL_PIECES=0";;
+      th0) f="$f -DMUSE_ATTN2_TAIL_HEAD=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;

@@ -179,6 +179,20 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_TAIL_PIECES
 #define MUSE_ATTN2_TAIL_PIECES 1
 #endif
+// The odd 1-2 pages at the window's old end, not its new one (v33): the 32
+// whole tiles end at the newest page, as without a window (the last one's
+// page with this step's keys copied after the wait, v30), and the extra
+// pages are the oldest ones, whose keys only the first rows see. So the
+// pieces' copies go before griddepcontrol.wait with their warpgroups' own
+// tiles, and none of them waits for a post-wait copy. Pieces wholly below
+// the window are dropped; the rest go to the second warpgroups of the first
+// CTAs. 0 (token th0): the extra pages at the new end (v31).
+#ifndef MUSE_ATTN2_TAIL_HEAD
+#define MUSE_ATTN2_TAIL_HEAD MUSE_ATTN2_TAIL_PIECES
+#endif
+#if MUSE_ATTN2_TAIL_HEAD && !MUSE_ATTN2_TAIL_PIECES
+#error "MUSE_ATTN2_TAIL_HEAD needs MUSE_ATTN2_TAIL_PIECES"
+#endif
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
 // slice blockIdx.x / C of head blockIdx.y.
@@ -1005,19 +1019,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // The tail's warpgroup: the one with the last whole tile (the tail's keys
   // follow on), or (MUSE_ATTN2_TAIL_PIECES) the second warpgroups of the
   // last 2 CTAs per tail page, piece tail_piece of 8 keys each (one
-  // warpgroup per CTA waits for the tail's copy, the other starts at once).
-#if MUSE_ATTN2_TAIL_PIECES
+  // warpgroup per CTA waits for the tail's copy, the other starts at once),
+  // or (MUSE_ATTN2_TAIL_HEAD) the odd pages are the oldest ones, the head,
+  // whose pieces go to the second warpgroups of the first CTAs, copied
+  // before the wait with their own tiles.
+  // Tile g's pages: tile_page0 + 4 g .. (MUSE_ATTN2_TAIL_HEAD: tile 0 is the
+  // extra pages, its slots below first_page empty, and the whole tiles 1 ..).
+  constexpr bool kHeadTiles = MUSE_ATTN2_TAIL_HEAD && kOneSlice && kWindow;  // (tile 0's slots may be empty)
+#if MUSE_ATTN2_TAIL_HEAD
+  const int head_pages = tail ? last_page - first_page + 1 - kTilePages * (num_tiles - 1) : 0;
+  const int tile_page0 = first_page + (tail ? head_pages - kTilePages : 0);
+  const int head_skip = (lo - first_page * kPageSize) / 8;  // pieces wholly below the window (0 or 1)
+  const int tail_pieces = 2 * head_pages - head_skip;
+  const int tail_piece = (vme - 1) / 2;
+  const bool has_tail = tail && vme % 2 == 1 && tail_piece < tail_pieces;  // its second tile is the head
+  const int piece_at = (kTilePages - head_pages) * 2 + head_skip + tail_piece;  // in 8-key rows of its stage
+#elif MUSE_ATTN2_TAIL_PIECES
+  const int tile_page0 = first_page;
   const int tail_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
   const int tail_piece = (wgs - 1 - vme) / 2;
   const bool has_tail = tail && vme % 2 == 1 && tail_piece < tail_pieces;  // its second tile is the tail
+  const int piece_at = tail_piece;
 #else
+  const int tile_page0 = first_page;
   const bool has_tail = tail && vme == wgs - 1;  // its second tile is the tail
 #endif
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
   auto tile_of = [&](int j) {
-    if (tail) return j == 0 ? vme : num_tiles - 1;
+    if (tail) return j == 0 ? vme + MUSE_ATTN2_TAIL_HEAD : MUSE_ATTN2_TAIL_HEAD ? 0 : num_tiles - 1;
     if (r_two > 0) return vme < r_two ? 2 * vme + j : vme + r_two;
     return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme;
   };
@@ -1059,8 +1090,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
   auto load_batch = [&](int b) {                // tiles b .. b + 7: lane -> tile b + lane / 4, page lane % 4
     const int t = b + lane / kTilePages;
-    const int pi = first_page + tile_of(t) * kTilePages + lane % kTilePages;
-    return (t < my_tiles && pi <= last_page) ? bt[pi] : -1;
+    const int pi = tile_page0 + tile_of(t) * kTilePages + lane % kTilePages;
+    return (t < my_tiles && pi <= last_page && (!kHeadTiles || pi >= first_page)) ? bt[pi] : -1;
   };
   int ids = -1, ids_next = -1;
   // Stage s expects the bytes of the tile's pages this warp's lanes copy (ok).
@@ -1088,7 +1119,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
       id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) % kBatchTiles) * kTilePages + lane % kTilePages);
     }
-    const bool want = lane < kTilePages && first_page + g * kTilePages + lane <= last_page;
+    const bool want = lane < kTilePages && tile_page0 + g * kTilePages + lane <= last_page &&
+                      (!kHeadTiles || tile_page0 + g * kTilePages + lane >= first_page);
     const bool ok = want && id >= 0 && id < p.num_pages;
     bad |= want && !ok;
     arm_stage(s, ok);
@@ -1107,22 +1139,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // (Without a window ids0 already holds tile vme's ids, loaded before L:
     // this warpgroup's tile 0 unless r_two is set.)
     if ((p.window != 0 || r_two > 0) && lane < kTilePages && my_tiles > 0 &&
-        first_page + tile_of(0) * kTilePages + lane <= last_page)
-      ids0 = bt[first_page + tile_of(0) * kTilePages + lane];
+        tile_page0 + tile_of(0) * kTilePages + lane <= last_page)
+      ids0 = bt[tile_page0 + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
     TRACE_DEP(31, ids0);  // (the first tile's ids arrived)
-    const int early = r_two > 0 ? 2 : kEarlyTiles;
+    const int early = r_two > 0 || (MUSE_ATTN2_TAIL_HEAD && has_tail) ? 2 : kEarlyTiles;
 #ifdef MUSE_ATTN2_DIAG_NEWEST_EARLY  // timing only: this step's tile copied before the wait too (the bench never writes it)
     while (issued < min(ring, early)) issue(issued++);
 #else
-    while (issued < min(ring, early) && first_page + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
+    while (issued < min(ring, early) && tile_page0 + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
 #if MUSE_ATTN2_SPLIT_NEWEST
     // Tile 0 holds this step's keys (a warpgroup's only tile at short L): its
     // older pages now, the whole tile's bytes expected on its barrier, and
     // only the page(s) with the step's keys after the wait (issued -1 says so).
-    if (issued == 0 && ring > 0 && early > 0 && first_page + tile_of(0) * kTilePages < first_new_page) {
-      const int pi = first_page + tile_of(0) * kTilePages + lane;
+    if (issued == 0 && ring > 0 && early > 0 && tile_page0 + tile_of(0) * kTilePages < first_new_page) {
+      const int pi = tile_page0 + tile_of(0) * kTilePages + lane;
       const bool want = lane < kTilePages && pi <= last_page;
       const bool ok = want && ids0 >= 0 && ids0 < p.num_pages;
       bad |= want && !ok;
@@ -1146,7 +1178,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (rw == 0) {
 #if MUSE_ATTN2_SPLIT_NEWEST
     if (issued < 0) {  // tile 0's pages with this step's keys
-      const int pi = first_page + tile_of(0) * kTilePages + lane;
+      const int pi = tile_page0 + tile_of(0) * kTilePages + lane;
       if (lane < kTilePages && pi <= last_page && pi >= first_new_page && ids0 >= 0 && ids0 < p.num_pages)
         copy_page(kh * kWgStages, ids0);
       issued = 1;
@@ -1182,7 +1214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       if (it == 1) TRACE(22);  // when warpgroup 0's tiles 1 and 2 landed
       if (it == 2) TRACE(23);
 #endif
-      key0 = (first_page + g * kTilePages) * kPageSize;
+      key0 = (tile_page0 + g * kTilePages) * kPageSize;
       if (key0 + kTileKeys > L) {
         // Keys past L may hold anything (NaN; pages past the last are not
         // even loaded): P is 0 there, but 0 * NaN is not. Zero their V rows.
@@ -1261,12 +1293,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         bool maskedb;
         const int sb = tile_ready(1, key0b, maskedb);
         float t_acc[1][4];
-        // S of the piece: keys 8 * tail_piece.. of the tail's stage, one 1024-byte swizzle atom.
+        // S of the piece: keys 8 * piece_at.. of its stage, one 1024-byte swizzle atom.
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks)
           wgmma_ss(t_acc, sw128_desc(q_tile + ks * 32, 16, 1024),
-                   sw128_desc(stage_addr(sb) + tail_piece * 1024 + ks * 32, 16, 1024), ks);
+                   sw128_desc(stage_addr(sb) + piece_at * 1024 + ks * 32, 16, 1024), ks);
         wgmma_commit();
         wgmma_wait<0>();
         pin(s_acc);
@@ -1277,13 +1309,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
           for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[0][e];
         // (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
-        const int keyp = key0b + tail_piece * 8;
+        const int keyp = key0b + piece_at * 8;
         mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, p.window);
         online_softmax(w, m_run, l_run, alpha);
         // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
         uint32_t pb[1][4];
         const uint32_t pr0 = pack_bf16(w[8][0], w[8][1]), pr1 = pack_bf16(w[8][2], w[8][3]);
-        const bool hi = tail_piece % 2;
+        const bool hi = piece_at % 2;
         pb[0][0] = hi ? 0u : pr0;
         pb[0][1] = hi ? 0u : pr1;
         pb[0][2] = hi ? pr0 : 0u;
@@ -1298,7 +1330,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
           wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
-        wgmma_rs(o, pb[0], sw128_desc(stage_addr(sb) + kHalfBytes + tail_piece / 2 * 2048, kHalfBytes, 1024));
+        wgmma_rs(o, pb[0], sw128_desc(stage_addr(sb) + kHalfBytes + piece_at / 2 * 2048, kHalfBytes, 1024));
         wgmma_commit();
         wgmma_wait<0>();
         pin(o);
