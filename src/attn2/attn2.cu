@@ -636,9 +636,11 @@ __device__ __forceinline__ void allow_dependents() {
 #define MUSE_ATTN2_ONE_SLICE 1  // a kernel of its own for one-slice launches (attn2_kernel's kOneSlice)
 #endif
 // One-slice launches without a window (max_model_len <= 2048) run a kernel
-// of their own too, without the window's tail code (attn2_kernel's kWindow):
-// only a window makes a one-slice tail. 0 (token wk0): one one-slice kernel
-// for both.
+// of their own (attn2_kernel's kWindow = false), without the window's code:
+// its tail (only a window makes a one-slice tail) and its masks. TP8
+// max_model_len 2048: 3.60-3.62 -> 3.41-3.42 us (v32). The general kernel's
+// counterpart measured within noise at 2k-128k and is not built. 0 (token
+// wk0): the window's one-slice kernel for both.
 #ifndef MUSE_ATTN2_WINDOW_KERNEL
 #define MUSE_ATTN2_WINDOW_KERNEL 1
 #endif
@@ -804,8 +806,9 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // kOneSlice: the launch has one slice (num_splits 1: max_model_len <= 2048 or
 // a window), so the split path and its slice logic are compiled out
 // (MUSE_ATTN2_ONE_SLICE=0, token os0: always the general kernel). kWindow:
-// the launch may have a window (false only for one-slice launches without
-// one, MUSE_ATTN2_WINDOW_KERNEL), else the window's tail is compiled out.
+// the launch may have a window; false for one-slice launches without one
+// (MUSE_ATTN2_WINDOW_KERNEL), whose kernel then has neither the window's
+// tail nor its masks and block-table offsets.
 template <int kCluster, bool kOneSlice, bool kWindow = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
@@ -827,6 +830,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   unsigned int trace_slot = 0;
 #endif
   PROBE(0);
+  [[maybe_unused]] const int window = kWindow ? p.window : 0;  // (kWindow: the launch may have one)
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
   int split = static_cast<int>(blockIdx.x) / kCluster;  // (the wgmma path may interleave them, below)
   int kvh = blockIdx.y;
@@ -913,7 +917,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   int ids0 = -1;
   auto load_ids0 = [&](int v) {  // warpgroup v's first tile (without a window its pages do not depend on L)
     int id = -1;
-    if (rw == 0 && p.window == 0 && lane < kTilePages) {
+    if (rw == 0 && window == 0 && lane < kTilePages) {
       const int pi = v * kTilePages + lane;
       id = pi < (p.max_model_len + kPageSize - 1) / kPageSize ? bt[pi] : -1;  // in the table, maybe past L
     }
@@ -941,7 +945,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   TRACE_DEP(2, L);  // (L arrived)
   const bool broken = L < kVerifyLen || L > p.max_model_len;
   // Keys some row sees: [lo, L - 1]; row 0 (position L - 8) starts lowest.
-  const int lo = p.window > 0 ? max(0, L - (kVerifyLen - 1) - p.window) : 0;
+  const int lo = window > 0 ? max(0, L - (kVerifyLen - 1) - window) : 0;
   const int first_page = lo / kPageSize;
   const int last_page = (L - 1) / kPageSize;
   // Per-thread softmax state of rows lane/4 (head 2w) and lane/4 + 8 (head 2w + 1),
@@ -1138,7 +1142,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (rw == 0) {
     // (Without a window ids0 already holds tile vme's ids, loaded before L:
     // this warpgroup's tile 0 unless r_two is set.)
-    if ((p.window != 0 || r_two > 0) && lane < kTilePages && my_tiles > 0 &&
+    if ((window != 0 || r_two > 0) && lane < kTilePages && my_tiles > 0 &&
         tile_page0 + tile_of(0) * kTilePages + lane <= last_page)
       ids0 = bt[tile_page0 + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
@@ -1229,7 +1233,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       }
       // Uniform per tile: only tiles holding keys past row 0's position or
       // below row 7's window need masks.
-      masked = key0 + kTileKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+      masked = key0 + kTileKeys - 1 > L - kVerifyLen || (window > 0 && key0 < L - window);
       return s;
     };
     float s_acc[8][4];  // S of one tile (64 rows x 64 keys), then its P in fp32
@@ -1257,7 +1261,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // (acc: a tile's S, 8 n-tiles, or the joined tile and whole tail's 12 in
     // the tp0 build.)
     auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
-      if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, p.window);
+      if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
       online_softmax(acc, m_run, l_run, alpha);
     };
     auto rescale_and_pack = [&](auto& acc, const float (&alpha)[2]) {
@@ -1310,7 +1314,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[0][e];
         // (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
         const int keyp = key0b + piece_at * 8;
-        mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, p.window);
+        mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, window);
         online_softmax(w, m_run, l_run, alpha);
         // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
         uint32_t pb[1][4];
