@@ -61,6 +61,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
       tp0) f="$f -DMUSE_ATTN2_TAIL_PIECES=0";;
       th0) f="$f -DMUSE_ATTN2_TAIL_HEAD=0";;
+      pm0) f="$f -DMUSE_ATTN2_PIECE_MASK=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;

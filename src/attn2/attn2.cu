@@ -190,6 +190,11 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_TAIL_HEAD
 #define MUSE_ATTN2_TAIL_HEAD MUSE_ATTN2_TAIL_PIECES
 #endif
+// A piece's pass masks its tile only where tile_ready says the tile needs it
+// (the piece always); 0 (token pm0): all 72 keys.
+#ifndef MUSE_ATTN2_PIECE_MASK
+#define MUSE_ATTN2_PIECE_MASK 1
+#endif
 #if MUSE_ATTN2_TAIL_HEAD && !MUSE_ATTN2_TAIL_PIECES
 #error "MUSE_ATTN2_TAIL_HEAD needs MUSE_ATTN2_TAIL_PIECES"
 #endif
@@ -1307,14 +1312,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         wgmma_wait<0>();
         pin(s_acc);
         pin(t_acc);
+#if MUSE_ATTN2_PIECE_MASK
+        // Masks where they apply: the piece always, the tile if tile_ready says so.
+        const int keyp = key0b + piece_at * 8;
+        if (masked) mask_tile(s_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
+        mask_tile(t_acc, [&](int, int e) { return keyp + col + (e & 1); }, pos, window);
+#endif
         float w[9][4];  // the 72 keys' scores, then their P
 #pragma unroll
         for (int t = 0; t < 9; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[0][e];
         // (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
+#if !MUSE_ATTN2_PIECE_MASK
         const int keyp = key0b + piece_at * 8;
         mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, window);
+#endif
         online_softmax(w, m_run, l_run, alpha);
         // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
         uint32_t pb[1][4];
