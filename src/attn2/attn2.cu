@@ -1025,13 +1025,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
   const bool tail = MUSE_ATTN2_TAIL && kOneSlice && kWindow && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
-  // The tail's warpgroup: the one with the last whole tile (the tail's keys
-  // follow on), or (MUSE_ATTN2_TAIL_PIECES) the second warpgroups of the
-  // last 2 CTAs per tail page, piece tail_piece of 8 keys each (one
-  // warpgroup per CTA waits for the tail's copy, the other starts at once),
-  // or (MUSE_ATTN2_TAIL_HEAD) the odd pages are the oldest ones, the head,
-  // whose pieces go to the second warpgroups of the first CTAs, copied
-  // before the wait with their own tiles.
+  // The odd tile (`tail`: 1-2 pages) goes, by default (MUSE_ATTN2_TAIL_HEAD),
+  // at the window's old end, in pieces of 8 keys (`piece`), one to each of
+  // the second warpgroups of the first CTAs, copied before the wait with
+  // their own tiles; in the A/B forms, at its new end, either in pieces to
+  // the second warpgroups of the last 2 CTAs per page (MUSE_ATTN2_TAIL_PIECES
+  // alone, v31: one warpgroup per CTA waits for the tail's copy, the other
+  // starts at once) or whole to the warpgroup with the last whole tile
+  // (tp0, v25). has_piece: this warpgroup's second tile is the odd one.
   // Tile g's pages: tile_page0 + 4 g .. (MUSE_ATTN2_TAIL_HEAD: tile 0 is the
   // extra pages, its slots below first_page empty, and the whole tiles 1 ..).
   constexpr bool kHeadTiles = MUSE_ATTN2_TAIL_HEAD && kOneSlice && kWindow;  // (tile 0's slots may be empty)
@@ -1039,19 +1040,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int head_pages = tail ? last_page - first_page + 1 - kTilePages * (num_tiles - 1) : 0;
   const int tile_page0 = first_page + (tail ? head_pages - kTilePages : 0);
   const int head_skip = (lo - first_page * kPageSize) / 8;  // pieces wholly below the window (0 or 1)
-  const int tail_pieces = 2 * head_pages - head_skip;
-  const int tail_piece = (vme - 1) / 2;
-  const bool has_tail = tail && vme % 2 == 1 && tail_piece < tail_pieces;  // its second tile is the head
-  const int piece_at = (kTilePages - head_pages) * 2 + head_skip + tail_piece;  // in 8-key rows of its stage
+  const int num_pieces = 2 * head_pages - head_skip;
+  const int piece = (vme - 1) / 2;
+  const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the head
+  const int piece_at = (kTilePages - head_pages) * 2 + head_skip + piece;  // in 8-key rows of its stage
 #elif MUSE_ATTN2_TAIL_PIECES
   const int tile_page0 = first_page;
-  const int tail_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
-  const int tail_piece = (wgs - 1 - vme) / 2;
-  const bool has_tail = tail && vme % 2 == 1 && tail_piece < tail_pieces;  // its second tile is the tail
-  const int piece_at = tail_piece;
+  const int num_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
+  const int piece = (wgs - 1 - vme) / 2;
+  const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the tail
+  const int piece_at = piece;
 #else
   const int tile_page0 = first_page;
-  const bool has_tail = tail && vme == wgs - 1;  // its second tile is the tail
+  const bool has_piece = tail && vme == wgs - 1;  // its second tile is the tail
 #endif
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
@@ -1063,7 +1064,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   };
   int my_tiles;
   if (tail) {
-    my_tiles = has_tail ? 2 : 1;
+    my_tiles = has_piece ? 2 : 1;
   } else if (r_two > 0) {
     my_tiles = vme < r_two ? 2 : 1;
   } else if (late_rounds == INT_MAX) {
@@ -1152,7 +1153,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       ids0 = bt[tile_page0 + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
     TRACE_DEP(31, ids0);  // (the first tile's ids arrived)
-    const int early = r_two > 0 || (MUSE_ATTN2_TAIL_HEAD && has_tail) ? 2 : kEarlyTiles;
+    const int early = r_two > 0 || (MUSE_ATTN2_TAIL_HEAD && has_piece) ? 2 : kEarlyTiles;
 #ifdef MUSE_ATTN2_DIAG_NEWEST_EARLY  // timing only: this step's tile copied before the wait too (the bench never writes it)
     while (issued < min(ring, early)) issue(issued++);
 #else
@@ -1297,7 +1298,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         }
       };
 #if MUSE_ATTN2_TAIL_PIECES
-      if (has_tail) {  // (warpgroup-uniform) one pass over the tile and its tail piece: 64 + 8 keys
+      if (has_piece) {  // (warpgroup-uniform) one pass over the tile and its piece: 64 + 8 keys
         int key0b;
         bool maskedb;
         const int sb = tile_ready(1, key0b, maskedb);
@@ -1356,7 +1357,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         release(0, s);
       } else
 #else
-      if (has_tail) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
+      if (has_piece) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
         static_assert(kTailPages * kPageSize == 32, "the tail is m64n32");
         int key0b;
         bool maskedb;
