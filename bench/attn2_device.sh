@@ -24,7 +24,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # th0 (the window's odd pages at its new end, v31, not its old end),
-            # tp0 (the window's tail whole to the last warpgroup, not in 8-key pieces; implies th0),
             # il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
             # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
@@ -40,7 +39,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait).
             # (ra0, tk0, mt0, mf0, pm0 and ncm<N> of the notes were removed with their code in
-            # the twelfth session; wt0, cl0, pu0 and fm1 in the thirteenth.)
+            # the twelfth session; wt0, cl0, pu0 and fm1 in the thirteenth; tp0 in the fourteenth.)
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -59,7 +58,6 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
       sn0) f="$f -DMUSE_ATTN2_SPLIT_NEWEST=0";;
       tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
-      tp0) f="$f -DMUSE_ATTN2_TAIL_PIECES=0";;
       th0) f="$f -DMUSE_ATTN2_TAIL_HEAD=0";;
       pm0) f="$f -DMUSE_ATTN2_PIECE_MASK=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;

@@ -157,28 +157,25 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_BLOCKED
 #define MUSE_ATTN2_BLOCKED 1
 #endif
-// One-slice kernel, one tile more than warpgroups, and that tile (the
-// newest) holds at most kTailPages pages (a 2048-key window: 129 or 130
-// pages, 32 x 4 + 1 or 2): its keys join the passes of whole tiles
-// (MUSE_ATTN2_TAIL_PIECES below), instead of any warpgroup taking two
-// whole tiles; 0 (token tl0): the pairs of MUSE_ATTN2_BLOCKED.
-// (Before v25 the tail was a pass of its own after warpgroup 0's tile; that
-// form was removed in the thirteenth session, bench/NOTES-attn2.md.)
+// One-slice kernel, one tile more than warpgroups, and that tile holds at
+// most kTailPages pages (a 2048-key window: 129 or 130 pages, 32 x 4 + 1 or
+// 2): its keys join the passes of whole tiles in pieces of 8 (below),
+// instead of any warpgroup taking two whole tiles; 0 (token tl0): the pairs
+// of MUSE_ATTN2_BLOCKED. (Before v25 the tail was a pass of its own after
+// warpgroup 0's tile, removed in the thirteenth session; v25's whole tail
+// in the last warpgroup's pass (m64n64 + m64n32) was removed in the
+// fourteenth; bench/NOTES-attn2.md.)
 #ifndef MUSE_ATTN2_TAIL
 #define MUSE_ATTN2_TAIL 1
 #endif
 [[maybe_unused]] constexpr int kTailPages = 2;  // (the mma.sync path never uses it)
-// The tail in pieces of 8 keys (2 per page), one to each of the second
-// warpgroups of the last 2 or 4 CTAs, each joining its own tile's pass as
-// N = 8 (S m64n64 + m64n8, one softmax over 72 keys, P V in 5 k-steps, the
-// piece page's other 8 keys at P = 0): window 2048 3.97-4.00 -> 3.80-3.82
-// us (v31). 0 (token tp0): all of it joins the last warpgroup's pass as
-// N = 32 (m64n64 + m64n32, 96 keys, 6 k-steps; v25). Pieces to both
-// warpgroups of the last CTA made the window 0.08 us slower than that: both
-// then wait for the tail's copy after griddepcontrol.wait.
-#ifndef MUSE_ATTN2_TAIL_PIECES
-#define MUSE_ATTN2_TAIL_PIECES 1
-#endif
+// The odd tile in pieces of 8 keys (2 per page), each joining the pass of
+// one warpgroup's own tile as N = 8 (S m64n64 + m64n8, one softmax over 72
+// keys, P V in 5 k-steps, the piece page's other 8 keys at P = 0): at the
+// window's new end, to the second warpgroups of the last 2 or 4 CTAs,
+// window 2048 3.97-4.00 -> 3.80-3.82 us against v25's whole tail (v31);
+// pieces to both warpgroups of the last CTA had made it 0.08 us slower
+// (both then wait for the tail's copy after griddepcontrol.wait).
 // The odd 1-2 pages at the window's old end, not its new one (v33): the 32
 // whole tiles end at the newest page, as without a window (the last one's
 // page with this step's keys copied after the wait, v30), and the extra
@@ -188,15 +185,12 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // the window are dropped; the rest go to the second warpgroups of the first
 // CTAs. 0 (token th0): the extra pages at the new end (v31).
 #ifndef MUSE_ATTN2_TAIL_HEAD
-#define MUSE_ATTN2_TAIL_HEAD MUSE_ATTN2_TAIL_PIECES
+#define MUSE_ATTN2_TAIL_HEAD 1
 #endif
 // A piece's pass masks its tile only where tile_ready says the tile needs it
 // (the piece always); 0 (token pm0): all 72 keys.
 #ifndef MUSE_ATTN2_PIECE_MASK
 #define MUSE_ATTN2_PIECE_MASK 1
-#endif
-#if MUSE_ATTN2_TAIL_HEAD && !MUSE_ATTN2_TAIL_PIECES
-#error "MUSE_ATTN2_TAIL_HEAD needs MUSE_ATTN2_TAIL_PIECES"
 #endif
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
@@ -406,16 +400,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The same with N = 32: d (64 x 32) of the whole tail (the tp0 build, see MUSE_ATTN2_TAIL_PIECES).
-[[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n\t}"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// The same with N = 8: d (64 x 8) of a tail piece (see MUSE_ATTN2_TAIL_PIECES).
+// The same with N = 8: d (64 x 8) of a piece of the odd tile (see MUSE_ATTN2_TAIL_HEAD).
 [[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[1][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %6, 0;\n\t"
@@ -1025,14 +1010,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
   const bool tail = MUSE_ATTN2_TAIL && kOneSlice && kWindow && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
-  // The odd tile (`tail`: 1-2 pages) goes, by default (MUSE_ATTN2_TAIL_HEAD),
-  // at the window's old end, in pieces of 8 keys (`piece`), one to each of
-  // the second warpgroups of the first CTAs, copied before the wait with
-  // their own tiles; in the A/B forms, at its new end, either in pieces to
-  // the second warpgroups of the last 2 CTAs per page (MUSE_ATTN2_TAIL_PIECES
-  // alone, v31: one warpgroup per CTA waits for the tail's copy, the other
-  // starts at once) or whole to the warpgroup with the last whole tile
-  // (tp0, v25). has_piece: this warpgroup's second tile is the odd one.
+  // The odd tile (`tail`: 1-2 pages) goes at the window's old end
+  // (MUSE_ATTN2_TAIL_HEAD), in pieces of 8 keys (`piece`), one to each of the
+  // second warpgroups of the first CTAs, copied before the wait with their
+  // own tiles; in the A/B form (th0, v31) at its new end, to the second
+  // warpgroups of the last 2 CTAs per page (one warpgroup per CTA waits for
+  // the tail's copy, the other starts at once). has_piece: this warpgroup's
+  // second tile is the odd one.
   // Tile g's pages: tile_page0 + 4 g .. (MUSE_ATTN2_TAIL_HEAD: tile 0 is the
   // extra pages, its slots below first_page empty, and the whole tiles 1 ..).
   constexpr bool kHeadTiles = MUSE_ATTN2_TAIL_HEAD && kOneSlice && kWindow;  // (tile 0's slots may be empty)
@@ -1044,15 +1028,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int piece = (vme - 1) / 2;
   const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the head
   const int piece_at = (kTilePages - head_pages) * 2 + head_skip + piece;  // in 8-key rows of its stage
-#elif MUSE_ATTN2_TAIL_PIECES
+#else
   const int tile_page0 = first_page;
   const int num_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
   const int piece = (wgs - 1 - vme) / 2;
   const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the tail
   const int piece_at = piece;
-#else
-  const int tile_page0 = first_page;
-  const bool has_piece = tail && vme == wgs - 1;  // its second tile is the tail
 #endif
   const int r_two =
       !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
@@ -1245,7 +1226,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float s_acc[8][4];  // S of one tile (64 rows x 64 keys), then its P in fp32
     uint32_t pa[4][4];  // P as the A fragments of the 4 k-steps (16 keys each) of O += P V
     // S = Q K^T: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
-    // (acc: a tile's S, 8 n-tiles, or the whole tail's 4 in the tp0 build.)
     auto issue_s = [&](auto& acc, int s) {
       wgmma_fence();
 #pragma unroll
@@ -1264,8 +1244,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     };
     // The tile's masks (keys past a row's position or below its window), then
     // online_softmax; alpha is applied to O once the previous P V is done.
-    // (acc: a tile's S, 8 n-tiles, or the joined tile and whole tail's 12 in
-    // the tp0 build.)
     auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
       if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
       online_softmax(acc, m_run, l_run, alpha);
@@ -1297,7 +1275,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
-#if MUSE_ATTN2_TAIL_PIECES
       if (has_piece) {  // (warpgroup-uniform) one pass over the tile and its piece: 64 + 8 keys
         int key0b;
         bool maskedb;
@@ -1356,48 +1333,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         pin_a(pb);
         release(0, s);
       } else
-#else
-      if (has_piece) {  // (warpgroup-uniform) one pass over the tile and the tail: 64 + 32 keys
-        static_assert(kTailPages * kPageSize == 32, "the tail is m64n32");
-        int key0b;
-        bool maskedb;
-        const int sb = tile_ready(1, key0b, maskedb);
-        float t_acc[4][4];
-        issue_s(t_acc, sb);
-        wgmma_wait<0>();
-        pin(s_acc);
-        pin(t_acc);
-        float w[12][4];  // the 96 keys' scores, then their P
-#pragma unroll
-        for (int t = 0; t < 12; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[t - 8][e];
-        // The tail's tile is the next one (key0b = key0 + 64): one run of 96 keys
-        // from key0. (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
-        softmax(w, key0, masked || maskedb, alpha);
-        uint32_t pb[2][4];
-#pragma unroll
-        for (int t = 0; t < 12; ++t) {
-          uint32_t(&dst)[4] = t < 8 ? pa[t / 2] : pb[(t - 8) / 2];
-          dst[(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
-          dst[(t % 2) * 2 + 1] = pack_bf16(w[t][2], w[t][3]);
-        }
-        TRACE(25);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-          wgmma_rs(o, pb[kk], sw128_desc(stage_addr(sb) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(o);
-        pin_a(pa);
-        pin_a(pb);
-        release(0, s);
-      } else
-#endif
       {
         wgmma_wait<0>();
         pin(s_acc);
