@@ -1248,14 +1248,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
       online_softmax(acc, m_run, l_run, alpha);
     };
-    auto rescale_and_pack = [&](auto& acc, const float (&alpha)[2]) {
-      rescale(o, alpha);
-      constexpr int kN = std::extent_v<std::remove_reference_t<decltype(acc)>>;
+    // P of a tile's 64 keys (acc's first 8 n-tiles) as the A fragments of P V.
+    auto pack = [&](auto& acc) {
 #pragma unroll
-      for (int t = 0; t < kN; ++t) {
+      for (int t = 0; t < 8; ++t) {
         pa[t / 2][(t % 2) * 2] = pack_bf16(acc[t][0], acc[t][1]);
         pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(acc[t][2], acc[t][3]);
       }
+    };
+    auto rescale_and_pack = [&](auto& acc, const float (&alpha)[2]) {
+      rescale(o, alpha);
+      pack(acc);
     };
     // Software pipeline (FA3's intra-warpgroup overlap): while the tensor
     // cores run tile it's P V, this warpgroup's S of tile it + 1 is already
@@ -1315,11 +1318,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         pb[0][1] = hi ? 0u : pr1;
         pb[0][2] = hi ? pr0 : 0u;
         pb[0][3] = hi ? pr1 : 0u;
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          pa[t / 2][(t % 2) * 2] = pack_bf16(w[t][0], w[t][1]);
-          pa[t / 2][(t % 2) * 2 + 1] = pack_bf16(w[t][2], w[t][3]);
-        }
+        pack(w);
         TRACE(25);
         wgmma_fence();
 #pragma unroll
@@ -1332,8 +1331,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         pin_a(pa);
         pin_a(pb);
         release(0, s);
-      } else
-      {
+      } else {
         wgmma_wait<0>();
         pin(s_acc);
         TRACE(24);
