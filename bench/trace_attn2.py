@@ -65,18 +65,18 @@ def main():
     # slots it found unwritten): how long after its own "partial stored" stamp
     # (its polls start there) its first poll returned, which slices it still
     # missed and when those had stamped theirs.
+    def slot_of(r):  # (slice, KV head, rank) from word 8
+        w = (r[8] >> 8) & 0xFFFFFF
+        return w & 0xFF, (w >> 8) & 0xFF, w >> 16
+
     first_rt, load_after, missing_n, late_store = [], [], [], []
     for cur in calls[2:]:
-        who = {}
-        for r in cur:
-            if r[16] and r[8] >> 32:
-                w = (r[8] >> 8) & 0xFFFFFF
-                who[(w & 0xFF, (w >> 8) & 0xFF, w >> 16)] = r
+        who = {slot_of(r): r for r in cur if r[16] and r[8] >> 32}
         for r in cur:
             if not (r[20] and r[21] and r[16] and r[8] >> 32):
                 continue
-            w = (r[8] >> 8) & 0xFFFFFF
-            kvh, rank, mask = (w >> 8) & 0xFF, w >> 16, r[8] & 0xFF
+            _, kvh, rank = slot_of(r)
+            mask = r[8] & 0xFF
             first_rt.append((r[21] - r[16]) / 1e3)
             if r[18]:
                 load_after.append((r[18] - r[21]) / 1e3)
