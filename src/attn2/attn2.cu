@@ -255,6 +255,14 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_EARLY_TRIGGER
 #define MUSE_ATTN2_EARLY_TRIGGER 1
 #endif
+// The cluster merge's push straight from the first warpgroup's registers
+// (each thread's 2 rows x 16 columns, 2 x 16 bytes per row, the receive area
+// in two halves of n-tiles, each in the fragment's order), not through an
+// fp16 copy of O in shared memory; the mergers map positions back to columns. The wgmma path's rows
+// of 32 threads only (kCols == 2); 0 (token rp0): through shared memory.
+#ifndef MUSE_ATTN2_REG_PUSH
+#define MUSE_ATTN2_REG_PUSH 1
+#endif
 // The gate's sigmoid before the cluster merge's wait where every loop is short
 // (below); 0 (token gh0): always after the merges.
 #ifndef MUSE_ATTN2_GATE_EARLY
@@ -873,7 +881,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kCols = kHeadDim / kRowThreads;
   const bool merger = threadIdx.x < kMergeRows * kRowThreads;
   const int row = rank * kMergeRows + threadIdx.x / kRowThreads;  // = local head * 8 + token
-  const int d = (threadIdx.x % kRowThreads) * kCols;
+  const int d = (threadIdx.x % kRowThreads) * kCols;  // position in the merged row (workspace, receive area)
+  constexpr bool kRegPush = MUSE_ATTN2_REG_PUSH && MUSE_ATTN2_WGMMA_PATH && kOneSlice && kCols == 2;
+  // Its columns: the same, or (kRegPush) position 32h + 8q + 2j holds the
+  // pair of columns 8n + 2q with n = 4h + j (lane quad q's n-tile n).
+  const int dc = kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d;
   const int token = row % kVerifyLen;
   int head = kvh * kHeadsPerKvHead + row / kVerifyLen;
   const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
@@ -882,7 +894,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   uint4 qv[kQLoads];
   auto load_q_and_gate = [&] {
     if (merger) {
-      const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + head * kHeadDim + d;
+      const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + head * kHeadDim + dc;
       if constexpr (kCols == 4)
         gate_v = *reinterpret_cast<const uint2*>(g);
       else
@@ -1570,7 +1582,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   }
 
-  // ---- this CTA's state to shared memory (over the stages) -------------------------
+  // ---- this CTA's state to shared memory (over the stages), or (kRegPush) to registers ----
+  [[maybe_unused]] uint32_t ho[2][8];  // (kRegPush) rows r: fp16 pairs of O * 2^-e, n-tile n
+  [[maybe_unused]] float4 mls[2];      // (kRegPush) rows r: m (log2 domain), l, 2^e
   if (kh == 0) {
     const bool nan_rows = broken || s_bad != 0;
 #pragma unroll
@@ -1585,21 +1599,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
       const int e = mx > 0.0f ? min(127, max(-126, static_cast<int>((__float_as_uint(mx) >> 23) & 0xFF) - 127)) : 0;
       const float down = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-        *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(merge_o) + row * kMergeStrideH + n * 8 + (lane % 4) * 2) =
-            __floats2half2_rn(o[n][2 * r] * down, o[n][2 * r + 1] * down);
       const float up = __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
-      if (lane % 4 == 0)  // the merges work in the log2 domain
-        s_mls[row] = make_float4(m_run[r] * kScaleLog2, nan_rows ? NAN : l_run[r], up, 0.0f);
+      if constexpr (kRegPush) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          const __half2 h = __floats2half2_rn(o[n][2 * r] * down, o[n][2 * r + 1] * down);
+          ho[r][n] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        mls[r] = make_float4(m_run[r] * kScaleLog2, nan_rows ? NAN : l_run[r], up, 0.0f);
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(merge_o) + row * kMergeStrideH + n * 8 +
+                                      (lane % 4) * 2) = __floats2half2_rn(o[n][2 * r] * down, o[n][2 * r + 1] * down);
+        if (lane % 4 == 0)  // the merges work in the log2 domain
+          s_mls[row] = make_float4(m_run[r] * kScaleLog2, nan_rows ? NAN : l_run[r], up, 0.0f);
+      }
     }
   }
   TRACE(19);
 
-  __syncthreads();  // this CTA's rows (fp16 O, m, l, 2^e) all in shared memory
+  if (!kRegPush) __syncthreads();  // this CTA's rows (fp16 O, m, l, 2^e) all in shared memory
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // every CTA past its key loop
   PROBE(7);
-  {
+  if constexpr (kRegPush) {
+    // Row r to rank r / kMergeRows, slot (source rank, r % kMergeRows): the 2 x
+    // 16 bytes of lane quad q (halves h = 0, 1), then (q = 0) m, l, 2^e.
+    if (kh == 0) {
+      const uint32_t recv = smem_addr(smem + kRecvOffset), bar = smem_addr(&recv_bar);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = rw * 16 + r * 8 + lane / 4;
+        const int to = row / kMergeRows, slot = rank * kMergeRows + row % kMergeRows;
+        // Half h (n-tiles 4h..4h+3) at ((h C + rank) 64 / C + row % (64 / C)) 64 + 16q bytes:
+        // a warp's 8 rows go out as two runs of 256 contiguous bytes.
+        const uint32_t at = recv + slot * 64 + (lane % 4) * 16;
+        push_v4(at, make_uint4(ho[r][0], ho[r][1], ho[r][2], ho[r][3]), bar, to);
+        push_v4(at + kRows * 64, make_uint4(ho[r][4], ho[r][5], ho[r][6], ho[r][7]), bar, to);
+        if (lane % 4 == 0)
+          push_v4(recv + kRows * kHeadDim * 2 + slot * 16,
+                  make_uint4(__float_as_uint(mls[r].x), __float_as_uint(mls[r].y), __float_as_uint(mls[r].z),
+                             __float_as_uint(mls[r].w)),
+                  bar, to);
+      }
+    }
+  } else {
     // Row r to rank r / kMergeRows, at (source rank, r % kMergeRows): 8 chunks
     // of 16 bytes of O per row, then one of m, l, 2^e.
     const uint32_t recv = smem_addr(smem + kRecvOffset), bar = smem_addr(&recv_bar);
@@ -1641,7 +1685,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float ok[kCluster][kCols];
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const __half* at = rcv_o + (k * kMergeRows + rr) * kHeadDim + d;
+      // (kRegPush: half h of the rows from rank k at ((h C + k) 64 / C + rr) 32 halves)
+      const __half* at = kRegPush ? rcv_o + ((d / 32 * kCluster + k) * kMergeRows + rr) * 32 + d % 32
+                                  : rcv_o + (k * kMergeRows + rr) * kHeadDim + d;
       if constexpr (kCols == 4) {
         const uint2 h = *reinterpret_cast<const uint2*>(at);
         const float4 v = half4_to_float4(h.x, h.y);
@@ -1654,7 +1700,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     combine_ranks_local<kCluster>(ok, rcv_mls + rr, kMergeRows, m_all, l_all, acc);
   }
   TRACE(15);
-  __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + d;
+  __nv_bfloat16* out_ptr = static_cast<__nv_bfloat16*>(p.out) + grow * p.out_stride + head * kHeadDim + dc;
 
   if (active == 1) {
     PROBE(8);
