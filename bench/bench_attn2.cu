@@ -7,7 +7,7 @@
 // request; W + 7 keys with a window) plus q, gate and out. floor_us = bytes /
 // 4.2 TB/s (the measured copy bandwidth, SPEC section 9).
 //
-//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N] [--cluster 8|16] [--len L]
+//   bench_attn2 [--json PATH] [--quick] [--only INDEX[,INDEX...]] [--splits N] [--cluster 8|16] [--len L] [--shuffle] [--rotate-mb M] [--cache-per-call]
 // (--splits: every shape with that many slices instead of attn2_splits'; --cluster:
 // CTAs per slice on every path; --len: every shape at that length (at most its
 // max_model_len); all three experiments)
@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,7 @@ namespace md = muse_decode;
 namespace {
 
 using md::bench::kCopyBandwidth;
-constexpr int64_t kRotateBytes = 3LL * 60 * 1000 * 1000;  // 3x the L2
+int64_t g_rotate_bytes = 3LL * 60 * 1000 * 1000;  // 3x the L2 (--rotate-mb M: M MB)
 
 __global__ void fill_random_bf16(uint16_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -63,6 +64,8 @@ struct Result {
 };
 
 int g_cluster_override = 0;  // --cluster N
+bool g_shuffle = false;      // --shuffle: each run's pages in a random order (as bench_attn2.py)
+bool g_cache_per_call = false;  // --cache-per-call: each call its own cache tensor, one table (as bench_attn2.py)
 
 }  // namespace
 // Phase stamps of the last calls, when attn2.cu is built with -DMUSE_ATTN2_PROBE.
@@ -113,7 +116,7 @@ Result run_shape(const Shape& s, cudaStream_t stream, int splits_override) {
 
   // Copies of the pages read per call, together past 3x the L2.
   const int64_t page_bytes_per_call = int64_t(s.reqs) * vis_pages * s.kvh * 4096;
-  const int copies = static_cast<int>(std::max<int64_t>(1, (kRotateBytes + page_bytes_per_call - 1) / page_bytes_per_call));
+  const int copies = static_cast<int>(std::max<int64_t>(1, (g_rotate_bytes + page_bytes_per_call - 1) / page_bytes_per_call));
   r.calls = page_bytes_per_call > (256LL << 20) ? 10 : page_bytes_per_call > (16LL << 20) ? 30 : 60;
   const int64_t pages = copies * int64_t(s.reqs) * vis_pages;
   const int max_pages = (s.mml + 15) / 16;
@@ -135,12 +138,18 @@ Result run_shape(const Shape& s, cudaStream_t stream, int splits_override) {
   CUDA_CHECK_OR_EXIT(cudaGetLastError());
   // Copy c, request r: visible page i -> page (c * reqs + r) * vis_pages + (i - first_page),
   // in reverse order within the run (not sequential addresses); pages below the window: 0 (never read).
+  // (--shuffle: a fixed random permutation of the run instead of the reverse order.)
   std::vector<int32_t> host(int64_t(copies) * s.reqs * max_pages, 0);
+  std::vector<int32_t> order(vis_pages);
+  std::mt19937 rng(static_cast<unsigned>(L + s.kvh));
   for (int c = 0; c < copies; ++c)
-    for (int q = 0; q < s.reqs; ++q)
+    for (int q = 0; q < s.reqs; ++q) {
+      for (int64_t i = 0; i < vis_pages; ++i) order[i] = static_cast<int32_t>(vis_pages - 1 - i);
+      if (g_shuffle) std::shuffle(order.begin(), order.end(), rng);
       for (int i = first_page; i <= last_page; ++i)
         host[(int64_t(c) * s.reqs + q) * max_pages + i] =
-            static_cast<int32_t>((int64_t(c) * s.reqs + q) * vis_pages + (last_page - i));
+            static_cast<int32_t>((int64_t(c) * s.reqs + q) * vis_pages + order[i - first_page]);
+    }
   CUDA_CHECK_OR_EXIT(cudaMemcpy(tables, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
   std::vector<int32_t> lh(s.reqs, L);
   CUDA_CHECK_OR_EXIT(cudaMemcpy(lens, lh.data(), s.reqs * 4, cudaMemcpyHostToDevice));
@@ -164,8 +173,16 @@ Result run_shape(const Shape& s, cudaStream_t stream, int splits_override) {
   std::vector<md::Attn2Args> calls;
   for (int k = 0; k < r.calls; ++k) {
     md::Attn2Args a = base;
-    a.block_table = md::make_tensor(tables + int64_t(k % copies) * s.reqs * max_pages, md::DType::kInt32,
-                                    {s.reqs, max_pages});
+    const int c = k % copies;
+    if (g_cache_per_call) {  // copy c as a cache of its own (its own tensor map), copy 0's table rebased to it
+      const int64_t copy_pages = int64_t(s.reqs) * vis_pages;
+      a.kv_cache = md::make_tensor(cache + c * copy_pages * s.kvh * 16 * 128, md::DType::kBFloat16,
+                                   {copy_pages, s.kvh, 16, 128});
+      a.block_table = md::make_tensor(tables, md::DType::kInt32, {s.reqs, max_pages});
+    } else {
+      a.block_table = md::make_tensor(tables + int64_t(c) * s.reqs * max_pages, md::DType::kInt32,
+                                      {s.reqs, max_pages});
+    }
     calls.push_back(a);
   }
   r.us = time_graph(base, calls, false, stream);
@@ -202,6 +219,9 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--cluster") && i + 1 < argc) g_cluster_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) len_override = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--shuffle")) g_shuffle = true;
+    else if (!std::strcmp(argv[i], "--cache-per-call")) g_cache_per_call = true;
+    else if (!std::strcmp(argv[i], "--rotate-mb") && i + 1 < argc) g_rotate_bytes = std::atoll(argv[++i]) * 1000000LL;
   }
   if (!md::supported_family(md::gpu_family())) {
     std::printf("bench_attn2: no supported GPU (%s)\n", md::describe_device().c_str());
