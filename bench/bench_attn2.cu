@@ -65,7 +65,8 @@ struct Result {
 
 int g_cluster_override = 0;  // --cluster N
 bool g_shuffle = false;      // --shuffle: each run's pages in a random order (as bench_attn2.py)
-void* g_scrub = nullptr;     // --scrub: 256 MB written before each timed replay (as bench/harness.py's L2 scrub)
+constexpr size_t kScrubBytes = size_t{256} << 20;
+void* g_scrub = nullptr;     // --scrub: kScrubBytes written before each timed replay (as bench/harness.py's L2 scrub)
 bool g_cache_per_call = false;  // --cache-per-call: each call its own cache tensor, one table (as bench_attn2.py)
 
 }  // namespace
@@ -90,11 +91,9 @@ double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& c
   }
   CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
-  const double us =
-      g_scrub ? md::bench::time_graph(exec, stream, static_cast<int>(calls.size()), 7,
-                                      [](cudaStream_t st) { cudaMemsetAsync(g_scrub, 1, 256 << 20, st); })
-                    .median_us
-              : md::bench::time_graph(exec, stream, static_cast<int>(calls.size())).median_us;
+  const double us = md::bench::time_graph(exec, stream, static_cast<int>(calls.size()), 7, [](cudaStream_t st) {
+                      if (g_scrub) md::bench::cuda_ok(cudaMemsetAsync(g_scrub, 1, kScrubBytes, st), "scrub");
+                    }).median_us;
   CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
   CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
   (void)base;
@@ -226,7 +225,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--shuffle")) g_shuffle = true;
     else if (!std::strcmp(argv[i], "--cache-per-call")) g_cache_per_call = true;
-    else if (!std::strcmp(argv[i], "--scrub")) CUDA_CHECK_OR_EXIT(cudaMalloc(&g_scrub, 256 << 20));
+    else if (!std::strcmp(argv[i], "--scrub")) CUDA_CHECK_OR_EXIT(cudaMalloc(&g_scrub, kScrubBytes));
     else if (!std::strcmp(argv[i], "--rotate-mb") && i + 1 < argc) g_rotate_bytes = std::atoll(argv[++i]) * 1000000LL;
   }
   if (!md::supported_family(md::gpu_family())) {

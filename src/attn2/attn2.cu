@@ -889,6 +889,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // Its columns: the same, or (kRegPush) position 32h + 8q + 2j holds the
   // pair of columns 8n + 2q with n = 4h + j (lane quad q's n-tile n).
   const int dc = kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d;
+  // (kRegPush) The receive area's O in two halves of n-tiles (0-3, 4-7), each
+  // a 64-byte run per (source rank, owned row), rank-major: 4 KB per half.
+  constexpr int kRecvHalfBytes = kRows * 32 * 2;
   const int token = row % kVerifyLen;
   int head = kvh * kHeadsPerKvHead + row / kVerifyLen;
   const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + token;
@@ -1634,11 +1637,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       for (int r = 0; r < 2; ++r) {
         const int row = rw * 16 + r * 8 + lane / 4;
         const int to = row / kMergeRows, slot = rank * kMergeRows + row % kMergeRows;
-        // Half h (n-tiles 4h..4h+3) at ((h C + rank) 64 / C + row % (64 / C)) 64 + 16q bytes:
-        // a warp's 8 rows go out as two runs of 256 contiguous bytes.
+        // Half h at h kRecvHalfBytes + 64 slot + 16q: a warp's 8 rows go out
+        // as two runs of 256 contiguous bytes.
         const uint32_t at = recv + slot * 64 + (lane % 4) * 16;
         push_v4(at, make_uint4(ho[r][0], ho[r][1], ho[r][2], ho[r][3]), bar, to);
-        push_v4(at + kRows * 64, make_uint4(ho[r][4], ho[r][5], ho[r][6], ho[r][7]), bar, to);
+        push_v4(at + kRecvHalfBytes, make_uint4(ho[r][4], ho[r][5], ho[r][6], ho[r][7]), bar, to);
         if (lane % 4 == 0)
           push_v4(recv + kRows * kHeadDim * 2 + slot * 16,
                   make_uint4(__float_as_uint(mls[r].x), __float_as_uint(mls[r].y), __float_as_uint(mls[r].z),
@@ -1688,7 +1691,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     float ok[kCluster][kCols];
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      // (kRegPush: half h of the rows from rank k at ((h C + k) 64 / C + rr) 32 halves)
+      // (kRegPush: position d lies in half d / 32, at d % 32 of slot (k, rr):
+      // (h C + k) 64 / C + rr = h kRows + slot runs of 32 halves, h kRecvHalfBytes bytes apart)
+      static_assert(kRecvHalfBytes == kCluster * kMergeRows * 32 * 2, "the push's half stride");
       const __half* at = kRegPush ? rcv_o + ((d / 32 * kCluster + k) * kMergeRows + rr) * 32 + d % 32
                                   : rcv_o + (k * kMergeRows + rr) * kHeadDim + d;
       if constexpr (kCols == 4) {
