@@ -1,0 +1,72 @@
+// Does compute-sanitizer's racecheck report a race across a CTA-wide
+// __syncthreads in the patterns attn2's kernel uses around it? Each kernel
+// is race-free by construction: warpgroup 1 writes a shared buffer, every
+// live thread passes __syncthreads, warpgroup 0 reads it. Modes:
+//   0 plain; 1 bar.sync 1, 128 in warpgroup 0 first; 2 each warpgroup its
+//   own named barrier (1, 2); 3 a cluster barrier (arrive before, wait
+//   after; clusters of 2); 4 an mbarrier arrive and try_wait loop first;
+//   5 warps 6 and 7 exit before the barrier.
+//   nvcc -arch=sm_90a -o rc bench/micro/racecheck_named.cu
+//   compute-sanitizer --tool racecheck ./rc
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime.h>
+
+template <int kMode>
+__global__ void __launch_bounds__(256) across_sync(float* out, int rounds) {
+  __shared__ float buf[128];
+  __shared__ __align__(8) uint64_t bar;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (kMode == 4) {
+    if (threadIdx.x == 0) {
+      const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(256) : "memory");
+    }
+    __syncthreads();
+  }
+  for (int r = 0; r < rounds; ++r) {
+    if (kMode >= 1 && kMode <= 2 && wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+    if (kMode == 2 && wg == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
+  }
+  if (kMode == 3) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (kMode == 4) {
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
+    uint64_t state;
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(a) : "memory");
+    uint32_t done = 0;
+    while (!done)
+      asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                   : "=r"(done) : "r"(a), "r"(0) : "memory");
+  }
+  if (kMode == 5 && threadIdx.x >= 192) return;
+  if (wg == 1) buf[t] = static_cast<float>(t);
+  __syncthreads();
+  if (wg == 0) out[blockIdx.x * 128 + t] = buf[t];
+  if (kMode == 3) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+int main() {
+  float* out;
+  if (cudaMalloc(&out, 128 * 4 * sizeof(float)) != cudaSuccess) return 1;
+  across_sync<0><<<4, 256>>>(out, 1);
+  across_sync<1><<<4, 256>>>(out, 1);
+  across_sync<2><<<4, 256>>>(out, 1);
+  {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(4);
+    config.blockDim = dim3(256);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, across_sync<3>, out, 1) != cudaSuccess) std::printf("mode 3 launch failed\n");
+  }
+  across_sync<4><<<4, 256>>>(out, 1);
+  across_sync<5><<<4, 256>>>(out, 1);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("racecheck_named: %s\n", cudaGetErrorString(e));
+  return e == cudaSuccess ? 0 : 1;
+}
