@@ -13,7 +13,7 @@
 #include <cuda_runtime.h>
 
 template <int kMode>
-__global__ void __launch_bounds__(256) across_sync(float* out, int rounds) {
+__global__ void __launch_bounds__(256) across_sync(float* out) {
   __shared__ float buf[128];
   __shared__ __align__(8) uint64_t bar;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
@@ -24,10 +24,8 @@ __global__ void __launch_bounds__(256) across_sync(float* out, int rounds) {
     }
     __syncthreads();
   }
-  for (int r = 0; r < rounds; ++r) {
-    if (kMode >= 1 && kMode <= 2 && wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
-    if (kMode == 2 && wg == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
-  }
+  if ((kMode == 1 || kMode == 2) && wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+  if (kMode == 2 && wg == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
   if (kMode == 3) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
   if (kMode == 4) {
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
@@ -48,9 +46,9 @@ __global__ void __launch_bounds__(256) across_sync(float* out, int rounds) {
 int main() {
   float* out;
   if (cudaMalloc(&out, 128 * 4 * sizeof(float)) != cudaSuccess) return 1;
-  across_sync<0><<<4, 256>>>(out, 1);
-  across_sync<1><<<4, 256>>>(out, 1);
-  across_sync<2><<<4, 256>>>(out, 1);
+  across_sync<0><<<4, 256>>>(out);
+  across_sync<1><<<4, 256>>>(out);
+  across_sync<2><<<4, 256>>>(out);
   {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(4);
@@ -62,10 +60,10 @@ int main() {
     attr[0].val.clusterDim.z = 1;
     config.attrs = attr;
     config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, across_sync<3>, out, 1) != cudaSuccess) std::printf("mode 3 launch failed\n");
+    if (cudaLaunchKernelEx(&config, across_sync<3>, out) != cudaSuccess) std::printf("mode 3 launch failed\n");
   }
-  across_sync<4><<<4, 256>>>(out, 1);
-  across_sync<5><<<4, 256>>>(out, 1);
+  across_sync<4><<<4, 256>>>(out);
+  across_sync<5><<<4, 256>>>(out);
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("racecheck_named: %s\n", cudaGetErrorString(e));
   return e == cudaSuccess ? 0 : 1;
