@@ -703,14 +703,18 @@ __device__ __forceinline__ void gate_sigmoid(const uint2 g, float (&sg)[kCols]) 
 // out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)) for kCols columns of
 // a row whose 64 columns are spread over kRowThreads consecutive lanes; sg
 // from gate_sigmoid.
+// (Given O's unnormalised sums and l: o / l * rsqrt(mean((o / l)^2) + eps) =
+// o * rsqrt(mean(o^2) + eps l^2) for l > 0, so no division waits on l; a NaN l
+// (a broken row) still makes the row NaN. 2k, 8k, max_model_len 2048 0.03-0.04
+// us less than dividing first.)
 template <int kRowThreads, int kCols>
-__device__ __forceinline__ void finish_row(const float (&o)[kCols], const float (&sg)[kCols], __nv_bfloat16* out) {
+__device__ __forceinline__ void finish_row(const float (&o)[kCols], float l, const float (&sg)[kCols], __nv_bfloat16* out) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kCols; ++k) ss = fmaf(o[k], o[k], ss);
 #pragma unroll
   for (int m = 1; m < kRowThreads; m <<= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, m);
-  const float rms = rsqrtf(ss * (1.0f / kHeadDim) + kRmsNormEps);
+  const float rms = rsqrtf(fmaf(ss, 1.0f / kHeadDim, kRmsNormEps * l * l));
   float y[kCols];
 #pragma unroll
   for (int k = 0; k < kCols; ++k) y[k] = o[k] * rms * sg[k];
@@ -1713,12 +1717,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (active == 1) {
     PROBE(8);
     if (merger) {
-      const float inv = 1.0f / l_all;
-      float ov[kCols];
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) ov[c] = acc[c] * inv;
       if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-      finish_row<kRowThreads>(ov, sg, out_ptr);
+      finish_row<kRowThreads>(acc, l_all, sg, out_ptr);
       PROBE(9);
     }
     TRACE(11);
@@ -1864,12 +1864,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
   }
   TRACE(18);
-  const float inv = 1.0f / l_sum;
-  float ov[kCols];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) ov[c] = f[c] * inv;
   if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-  finish_row<kRowThreads>(ov, sg, out_ptr);
+  finish_row<kRowThreads>(f, l_sum, sg, out_ptr);
   PROBE(9);
   TRACE(11);
 }
