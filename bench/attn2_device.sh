@@ -18,7 +18,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow),
             # ep0 (short L: the push waits for the whole cluster's loops),
             # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
-            # et2: at once in every CTA),
+            # et2: at once in every CTA), tw0 (one-slice kernels: the trigger at their start, not
+            # right after griddepcontrol.wait),
             # si0 (the interleaved slice's first page ids loaded again after L),
             # sn0 (a first tile with this step's keys copied whole after the wait, not in two parts),
             # gh0 (the gate's sigmoid always after the merges),
@@ -55,6 +56,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
       ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
+      tw0) f="$f -DMUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT=0";;
       gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
       si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
       sn0) f="$f -DMUSE_ATTN2_SPLIT_NEWEST=0";;

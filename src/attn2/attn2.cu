@@ -255,6 +255,19 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #ifndef MUSE_ATTN2_EARLY_TRIGGER
 #define MUSE_ATTN2_EARLY_TRIGGER 1
 #endif
+// The one-slice kernels trigger right after their griddepcontrol.wait, not at
+// their start (1; 0, token tw0: at the start): launches then run at most two
+// deep instead of as many as fit on the GPU (~8 of 32 CTAs; a call's CTAs
+// enter ~2.2 us before the previous call ends instead of ~20), and the
+// steady-state period is shorter (trace build, max_model_len 2048: median
+// 3.46 against 3.52 us; why, not known). max_model_len 2048 3.28-3.29 us
+// against 3.29-3.34, window 3.47-3.50 against 3.50-3.51. (The same in the
+// general kernel where early_push holds: 2k and 8k 0.1 us slower.) The wgmma
+// path only: the mma.sync path waits first thing and triggers at its start.
+#ifndef MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT
+#define MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT 1
+#endif
+constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT;
 // One-slice kernels (wgmma path, rows of 32 merger threads): the cluster
 // merge's push goes straight from the first warpgroup's registers (each
 // thread's 2 rows x 16 columns, 2 x 16 bytes per row; the receive area in
@@ -867,7 +880,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   __syncthreads();
   PROBE(1);
   // (Short loops only; MUSE_ATTN2_EARLY_TRIGGER=2, token et2: every launch, for an A/B.)
-  if ((kOneSlice && MUSE_ATTN2_EARLY_TRIGGER) || MUSE_ATTN2_EARLY_TRIGGER == 2) allow_dependents();
+  if ((kOneSlice && MUSE_ATTN2_EARLY_TRIGGER && !kTriggerAfterWait) || MUSE_ATTN2_EARLY_TRIGGER == 2) allow_dependents();
 
 #if !MUSE_ATTN2_WGMMA_PATH
   // Everything below reads what the previous kernel may have written (q,
@@ -1188,6 +1201,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   PROBE(3);
   load_q_and_gate();
 #endif
+  if (kOneSlice && MUSE_ATTN2_EARLY_TRIGGER == 1 && kTriggerAfterWait) allow_dependents();
   if (rw == 0) {
 #if MUSE_ATTN2_SPLIT_NEWEST
     if (issued < 0) {  // tile 0's pages with this step's keys
