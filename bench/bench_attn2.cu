@@ -282,17 +282,18 @@ int main(int argc, char** argv) {
                   "\"floor_us\": %.3f, \"gb_per_s\": %.1f, \"pct_of_copy_bw\": %.1f, \"bar_us\": %.3f, "
                   "\"bar\": \"%s\", \"meets_bar\": %s, \"output_finite\": %s}",
                   s.name, s.kvh, s.reqs, s.mml, r.window, s.len, r.splits, r.calls, r.us, r.us_pdl, r.bytes,
-                  r.floor_us, r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.bar_us, r.bar,
-                  r.us <= r.bar_us ? "true" : "false", r.ok ? "true" : "false");
+                  r.floor_us, r.bytes / r.us_pdl * 1e-3, 100.0 * r.floor_us / r.us_pdl, r.bar_us, r.bar,
+                  r.us_pdl <= r.bar_us ? "true" : "false", r.ok ? "true" : "false");
     std::printf("%s\n", line);
     if (json) std::fprintf(json, "%s\n", line);
   }
   if (json) std::fclose(json);
+  // %bw, GB/s and the verdict from the PDL time (the launch's default, as bench_attn2.py judges it).
   std::printf("\n%-10s %4s %3s %7s %5s %7s %6s %9s %9s %8s %8s %6s %8s %s\n", "shape", "KVH", "R", "mml", "W", "L",
               "splits", "us/call", "us(pdl)", "floor", "bar", "%bw", "GB/s", "bar met");
   for (const Result& r : results)
     std::printf("%-10s %4d %3d %7d %5d %7d %6d %9.2f %9.2f %8.2f %8.2f %5.1f%% %8.0f %s\n", r.s.name, r.s.kvh,
                 r.s.reqs, r.s.mml, r.window, r.s.len, r.splits, r.us, r.us_pdl, r.floor_us, r.bar_us,
-                100.0 * r.floor_us / r.us, r.bytes / r.us * 1e-3, r.us <= r.bar_us ? "yes" : "NO");
+                100.0 * r.floor_us / r.us_pdl, r.bytes / r.us_pdl * 1e-3, r.us_pdl <= r.bar_us ? "yes" : "NO");
   return 0;
 }
