@@ -247,10 +247,11 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #define MUSE_ATTN2_EARLY_PUSH 1
 #endif
 // PDL trigger: where every key loop of the launch is short (the one-slice
-// kernel always; the general kernel where early_push holds, known once L is
-// read), the next launch may start at once, so that its CTAs read their
-// lengths and block table and issue their first copies while this one
-// computes; elsewhere after the key loop (at the start there: TP8 32k +0.2,
+// kernel always, right after its wait: below; the general kernel where
+// early_push holds, known once L is read, before its wait), the next launch
+// may start early, so that its CTAs read their lengths and block table and
+// issue their first copies while this one computes; elsewhere after the key
+// loop (at the start there: TP8 32k +0.2,
 // 128k +0.45 us). 0 (token et0): always after the key loop.
 #ifndef MUSE_ATTN2_EARLY_TRIGGER
 #define MUSE_ATTN2_EARLY_TRIGGER 1
