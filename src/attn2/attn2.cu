@@ -1281,8 +1281,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     };
     // The tile's masks (keys past a row's position or below its window), then
     // online_softmax; alpha is applied to O once the previous P V is done.
-    auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
+    auto mask_if = [&](auto& acc, int key0, bool masked) {  // a whole tile's scores, where tile_ready says so
       if (masked) mask_tile(acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
+    };
+    auto softmax = [&](auto& acc, int key0, bool masked, float (&alpha)[2]) {
+      mask_if(acc, key0, masked);
       online_softmax(acc, m_run, l_run, alpha);
     };
     // P of a tile's 64 keys (acc's first 8 n-tiles) as the A fragments of P V.
@@ -1333,7 +1336,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #if MUSE_ATTN2_PIECE_MASK
         // Masks where they apply: the piece always, the tile if tile_ready says so.
         const int keyp = key0b + piece_at * 8;
-        if (masked) mask_tile(s_acc, [&](int t, int e) { return key0 + t * 8 + col + (e & 1); }, pos, window);
+        mask_if(s_acc, key0, masked);
         mask_tile(t_acc, [&](int, int e) { return keyp + col + (e & 1); }, pos, window);
 #endif
         float w[9][4];  // the 72 keys' scores, then their P
