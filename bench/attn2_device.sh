@@ -37,7 +37,8 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # wk0 (one-slice launches without a window run the window's one-slice kernel, not their own),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
-            # nl (no row sums),
+            # nl (no row sums), fr0 (every tile its own row max and O's rescale, as up to v36,
+            # not later tiles against the warpgroup's max),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait).
             # (ra0, tk0, mt0, mf0, pm0 and ncm<N> of the notes were removed with their code in
@@ -78,6 +79,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       nm) f="$f -DMUSE_ATTN2_DIAG_NO_MAX";;
       nl) f="$f -DMUSE_ATTN2_DIAG_NO_SUM";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
+      fr0) f="$f -DMUSE_ATTN2_LATER_MAX=0";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

@@ -192,6 +192,12 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #ifndef MUSE_ATTN2_PIECE_MASK
 #define MUSE_ATTN2_PIECE_MASK 1
 #endif
+// A warpgroup's tiles after its first: softmax against the row max it holds
+// (later_softmax, v37); 0 (token fr0): every tile its own row max and O's
+// rescale, as up to v36.
+#ifndef MUSE_ATTN2_LATER_MAX
+#define MUSE_ATTN2_LATER_MAX 1
+#endif
 // Which (slice, KV head) a cluster works on where every slice is in use (the
 // wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
 // slice blockIdx.x / C of head blockIdx.y.
@@ -445,7 +451,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4
 }
 #endif
 
-#if !MUSE_ATTN2_WGMMA_PATH  // the mma.sync path
+// ldmatrix and mma.sync: the mma.sync path's, and (wgmma path) the slow path
+// of later_softmax.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -466,7 +473,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#endif
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -559,6 +565,64 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
 #ifdef MUSE_ATTN2_DIAG_NO_EXP
 #undef fast_exp2
 #endif
+}
+
+// A warpgroup's later tiles (v37): their softmax against the row max the
+// warpgroup already holds, without a max of their own: no FMNMX chain, no
+// shuffles and no rescale of O on the usual path (TP8 128k -0.45 us, 32k
+// -0.18; TP1 x 8 128k -6%). P = exp2(s * c - m * c) and its sums are exact in
+// any scale fp32 holds, so only a score far above m needs the usual step:
+// where a row's running sum would pass kFarSum (some p near 2^32 or inf; O
+// stays far from fp32's limit below it), or a row has no m yet (nothing
+// visible in its first tile), this returns true with s no longer holding
+// scores and l_run untouched, and the caller computes the tile's scores again
+// and takes online_softmax. Otherwise s holds P and l_run its sums.
+// Warp-uniform.
+constexpr float kFarSum = 0x1p32f;
+template <int N>
+__device__ __forceinline__ bool later_softmax(float (&s)[N][4], const float (&m_run)[2], float (&l_run)[2]) {
+  const bool no_m = m_run[0] == -INFINITY || m_run[1] == -INFINITY;
+  const float neg_mc[2] = {-m_run[0] * kScaleLog2, -m_run[1] * kScaleLog2};
+  float ts[2] = {0.0f, 0.0f};  // this tile's sums
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
+    s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
+    s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
+    s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
+    ts[0] += s[t][0] + s[t][1];
+    ts[1] += s[t][2] + s[t][3];
+  }
+  if (__any_sync(0xFFFFFFFFu, fmaxf(l_run[0] + ts[0], l_run[1] + ts[1]) > kFarSum || no_m)) return true;
+  l_run[0] += ts[0];
+  l_run[1] += ts[1];
+  return false;
+}
+
+// The raw scores of one 64-key tile again, on this warp's tensor cores:
+// mma.sync m16n8k16, whose accumulators hold the same elements as wgmma's
+// m64n64 does for the warp's 16 rows. Q rows rw*16.. of q_tile, the keys of
+// k_tile, both 128 bytes per row and 128-byte swizzled (16-byte chunk c of a
+// row at (c ^ address bits 7-9) * 16). Slow path of later_softmax only.
+__device__ __forceinline__ void scores_again(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile, int rw, int lane) {
+  auto chunk = [](uint32_t row, int c) { return row + ((c ^ ((row >> 7) & 7)) << 4); };
+#pragma unroll
+  for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+  // A: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) of the k-step; lane i gives row i % 8 of matrix i / 8.
+  const uint32_t q_row = q_tile + (rw * 16 + lane % 8 + (lane / 8) % 2 * 8) * 128;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {  // dims 16ks ..: 16-byte chunks 2ks, 2ks + 1
+    uint32_t a[4];
+    ldmatrix_x4(a, chunk(q_row, 2 * ks + lane / 16));
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      uint32_t b0, b1;  // keys 8t .. 8t + 7, chunks 2ks, 2ks + 1 (lanes 0-15 give the rows)
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                   : "=r"(b0), "=r"(b1)
+                   : "r"(chunk(k_tile + (t * 8 + lane % 8) * 128, 2 * ks + (lane / 8) % 2)));
+      mma_bf16(s[t], a, b0, b1);
+    }
+  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -830,6 +894,9 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // tail nor its masks and block-table offsets.
 template <int kCluster, bool kOneSlice, bool kWindow = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
+  // later_softmax where a warpgroup can hold more than one tile (not in the
+  // one-slice kernels, whose extra keys go to a piece pass instead).
+  constexpr bool kLaterMax = MUSE_ATTN2_LATER_MAX && !kOneSlice;
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
 
@@ -1384,12 +1451,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue_pv(s);
           wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
           pin(s_acc);
-          softmax(s_acc, key0, masked, alpha);
+          bool usual = true;  // this tile takes online_softmax and O its alpha
+          if (kLaterMax) {
+            mask_if(s_acc, key0, masked);
+            usual = later_softmax(s_acc, m_run, l_run);
+          } else {
+            softmax(s_acc, key0, masked, alpha);
+          }
           wgmma_wait<0>();
           pin(o);
           pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
           release(it, s);
-          rescale_and_pack(s_acc, alpha);
+          if (kLaterMax && usual) {  // (warp-uniform, rare) the scores again, with pa's registers free
+            scores_again(s_acc, q_tile, stage_addr(s_next), rw, lane);
+            mask_if(s_acc, key0, masked);
+            online_softmax(s_acc, m_run, l_run, alpha);
+          }
+          if (usual) rescale(o, alpha);
+          pack(s_acc);
           s = s_next;
         }
         issue_pv(s);
