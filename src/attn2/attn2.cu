@@ -578,7 +578,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
 // scores and l_run untouched, and the caller computes the tile's scores again
 // and takes online_softmax. Otherwise s holds P and l_run its sums.
 // Warp-uniform.
-constexpr float kFarSum = 0x1p32f;
+[[maybe_unused]] constexpr float kFarSum = 0x1p32f;
 template <int N>
 __device__ __forceinline__ bool later_softmax(float (&s)[N][4], const float (&m_run)[2], float (&l_run)[2]) {
   const bool no_m = m_run[0] == -INFINITY || m_run[1] == -INFINITY;
@@ -896,7 +896,7 @@ template <int kCluster, bool kOneSlice, bool kWindow = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   // later_softmax where a warpgroup can hold more than one tile (not in the
   // one-slice kernels, whose extra keys go to a piece pass instead).
-  constexpr bool kLaterMax = MUSE_ATTN2_LATER_MAX && !kOneSlice;
+  [[maybe_unused]] constexpr bool kLaterMax = MUSE_ATTN2_LATER_MAX && !kOneSlice;
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
 
