@@ -567,6 +567,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
 #endif
 }
 
+#if MUSE_ATTN2_WGMMA_PATH
 // A warpgroup's later tiles (v37): their softmax against the row max the
 // warpgroup already holds, without a max of their own: no FMNMX chain, no
 // shuffles and no rescale of O on the usual path (TP8 128k -0.45 us, 32k
@@ -578,7 +579,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
 // scores and l_run untouched, and the caller computes the tile's scores again
 // and takes online_softmax. Otherwise s holds P and l_run its sums.
 // Warp-uniform.
-[[maybe_unused]] constexpr float kFarSum = 0x1p32f;
+constexpr float kFarSum = 0x1p32f;
 template <int N>
 __device__ __forceinline__ bool later_softmax(float (&s)[N][4], const float (&m_run)[2], float (&l_run)[2]) {
   const bool no_m = m_run[0] == -INFINITY || m_run[1] == -INFINITY;
@@ -624,6 +625,7 @@ __device__ __forceinline__ void scores_again(float (&s)[8][4], uint32_t q_tile, 
     }
   }
 }
+#endif
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
