@@ -603,24 +603,27 @@ __device__ __forceinline__ bool later_softmax(float (&s)[N][4], const float (&m_
 // The raw scores of one 64-key tile again, on this warp's tensor cores:
 // mma.sync m16n8k16, whose accumulators hold the same elements as wgmma's
 // m64n64 does for the warp's 16 rows. Q rows rw*16.. of q_tile, the keys of
-// k_tile, both 128 bytes per row and 128-byte swizzled (16-byte chunk c of a
-// row at (c ^ address bits 7-9) * 16). Slow path of later_softmax only.
+// k_tile, both 1024-byte aligned, 128 bytes per row and 128-byte swizzled
+// (16-byte chunk c of row r at (c ^ r % 8) * 16; every row this lane
+// addresses has r % 8 = lane % 8). Slow path of later_softmax only: one
+// k-step at a time, few registers.
 __device__ __forceinline__ void scores_again(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile, int rw, int lane) {
-  auto chunk = [](uint32_t row, int c) { return row + ((c ^ ((row >> 7) & 7)) << 4); };
+  const int sw = lane % 8;
 #pragma unroll
   for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
   // A: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) of the k-step; lane i gives row i % 8 of matrix i / 8.
-  const uint32_t q_row = q_tile + (rw * 16 + lane % 8 + (lane / 8) % 2 * 8) * 128;
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {  // dims 16ks ..: 16-byte chunks 2ks, 2ks + 1
+  const uint32_t q_row = q_tile + (rw * 16 + sw + (lane / 8) % 2 * 8) * 128;
+  // B: keys 8t + lane % 8 (t * 1024 bytes on), chunks 2ks and 2ks + 1 from lanes 0-7 and 8-15.
+  const uint32_t k_row = k_tile + sw * 128;
+#pragma unroll 1
+  for (int ks = 0; ks < 4; ++ks) {
     uint32_t a[4];
-    ldmatrix_x4(a, chunk(q_row, 2 * ks + lane / 16));
+    ldmatrix_x4(a, q_row + (((2 * ks + lane / 16) ^ sw) << 4));
+    const uint32_t kb = k_row + (((2 * ks + (lane / 8) % 2) ^ sw) << 4);
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      uint32_t b0, b1;  // keys 8t .. 8t + 7, chunks 2ks, 2ks + 1 (lanes 0-15 give the rows)
-      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                   : "=r"(b0), "=r"(b1)
-                   : "r"(chunk(k_tile + (t * 8 + lane % 8) * 128, 2 * ks + (lane / 8) % 2)));
+      uint32_t b0, b1;
+      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(kb + t * 1024));
       mma_bf16(s[t], a, b0, b1);
     }
   }
