@@ -220,9 +220,12 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // trace), and from how many round-robin rounds on (below that it takes its
 // full share). TP8 PDL us, same call: 32k 10.85-10.96 with 2 tiles fewer
 // (which left it nothing there), 11.06-11.09 with 1, 10.80-10.81 with its
-// full share; 128k 24.20-24.30 / 23.87-23.91 / 24.47-24.59.
+// full share; 128k 24.20-24.30 / 23.87-23.91 / 24.47-24.59. Since v37 (the
+// other clusters' later tiles cheaper) 2 fewer from the fourth round on
+// (v38): 128k 22.28-22.45 against 22.75-22.97 with 1, 22.40-22.90 with 3,
+// 22.98-23.11 with 4, 23.61-23.80 with none; 32k the same with each.
 #ifndef MUSE_ATTN2_LATE_TILES
-#define MUSE_ATTN2_LATE_TILES 1
+#define MUSE_ATTN2_LATE_TILES 2
 #endif
 #ifndef MUSE_ATTN2_LATE_MIN_ROUNDS
 #define MUSE_ATTN2_LATE_MIN_ROUNDS 4
