@@ -36,9 +36,13 @@
 // (4 pages) through 3 stages: warp 0 of the warpgroup copies a page's K and
 // V boxes by TMA (5-D tensor map of the cache, 128-byte swizzle), S = Q K^T
 // and O += P V run as wgmma m64n64k16 (Q, K, V from shared memory, P from
-// registers), and the next tile's S overlaps the current P V. Under PDL the
-// pages of each warpgroup's first tile that hold only keys older than the
-// step's 8 are copied before griddepcontrol.wait, the others after it.
+// registers), and the next tile's S overlaps the current P V. A
+// warpgroup's tiles after its first take their softmax against the row max
+// it already holds (later_softmax: no max, shuffles or rescale per tile;
+// a score far above that max sends the warp through the usual step). Under
+// PDL the pages of each warpgroup's first tile that hold only keys older
+// than the step's 8 are copied before griddepcontrol.wait, the others
+// after it.
 //
 // mma.sync path. Warp 0 also produces: it copies whole 4 KB (page, KV head)
 // slots with cp.async.bulk, one 8-page group per stage, 3 stages. Warps w and
