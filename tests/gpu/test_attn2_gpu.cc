@@ -314,9 +314,11 @@ TEST_F(Attn2Gpu, ValuesOutsideFp16Range) {
 }
 
 // Scores that rise along the keys (K scaled by 2^(j / 4096) for key j, up
-// to 2^5): every warpgroup's later tiles pass its running max by far, so the
-// online softmax rescales O and l again and again, and the merges combine
-// partials whose maxima lie far apart.
+// to 2^5): every warpgroup's later tiles pass its running max by far (p
+// against that max overflows, so the wgmma path's later_softmax computes
+// those tiles' scores again and takes the usual step), the online softmax
+// rescales O and l again and again, and the merges combine partials whose
+// maxima lie far apart.
 TEST_F(Attn2Gpu, ScoresRisingAlongTheKeys) {
   Problem p(2, {131072, 32773, 9000}, 131072, std::nullopt, 500);
   for (int r = 0; r < p.reqs; ++r)
