@@ -282,14 +282,15 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #define MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT 1
 #endif
 constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT;
-// One-slice kernels (wgmma path, rows of 32 merger threads): the cluster
+// Clusters of 16 (wgmma path, rows of 32 merger threads): the cluster
 // merge's push goes straight from the first warpgroup's registers (each
 // thread's 2 rows x 16 columns, 2 x 16 bytes per row; the receive area in
 // two halves of n-tiles, each in the fragment's order, so that a warp
 // instruction writes two runs of 256 bytes), not through an fp16 copy of O
-// in shared memory; the mergers map positions back to columns (v34: window
-// -0.04 us, max_model_len 2048 -0.05; in the general kernel 8k lost 0.1).
-// 0 (token rp0): through shared memory.
+// in shared memory; the mergers map positions back to columns (v34, one-slice
+// kernels: window -0.04 us, max_model_len 2048 -0.05; then 8k lost 0.1 in the
+// general kernel; v39, the general kernel too: 2k -0.06, 8k +0.02, 32k and
+// 128k the same). 0 (token rp0): through shared memory.
 #ifndef MUSE_ATTN2_REG_PUSH
 #define MUSE_ATTN2_REG_PUSH 1
 #endif
@@ -984,7 +985,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const bool merger = threadIdx.x < kMergeRows * kRowThreads;
   const int row = rank * kMergeRows + threadIdx.x / kRowThreads;  // = local head * 8 + token
   const int d = (threadIdx.x % kRowThreads) * kCols;  // position in the merged row (workspace, receive area)
-  constexpr bool kRegPush = MUSE_ATTN2_REG_PUSH && MUSE_ATTN2_WGMMA_PATH && kOneSlice && kCols == 2;
+  constexpr bool kRegPush = MUSE_ATTN2_REG_PUSH && MUSE_ATTN2_WGMMA_PATH && kCols == 2;
   // Its columns: the same, or (kRegPush) position 32h + 8q + 2j holds the
   // pair of columns 8n + 2q with n = 4h + j (lane quad q's n-tile n).
   const int dc = kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d;
