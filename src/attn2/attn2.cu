@@ -516,6 +516,29 @@ __device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2
   }
 }
 
+// P of one S tile in place, p = exp2(s * c + neg_mc) (rows r = 0: c0, c1;
+// r = 1: c2, c3), each row's p added to sum[r] in n-tile order.
+template <int N>
+__device__ __forceinline__ void exp2_tile(float (&s)[N][4], const float (&neg_mc)[2], float (&sum)[2]) {
+#ifdef MUSE_ATTN2_DIAG_NO_EXP  // timing only (wrong results): the scores' exp2 replaced by one FMA
+#define fast_exp2(x) fmaf((x), 1e-3f, 0.5f)
+#endif
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
+    s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
+    s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
+    s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
+#ifndef MUSE_ATTN2_DIAG_NO_SUM  // (timing only, wrong results: no row sums)
+    sum[0] += s[t][0] + s[t][1];
+    sum[1] += s[t][2] + s[t][3];
+#endif
+  }
+#ifdef MUSE_ATTN2_DIAG_NO_EXP
+#undef fast_exp2
+#endif
+}
+
 // Online softmax of one S tile in place, on raw scores: p = exp2(s * c - m * c)
 // with c = scale * log2(e), one FFMA per score. This thread holds rows r = 0
 // (columns c0, c1 of each n-tile) and r = 1 (c2, c3); the 4 lanes of a row hold
@@ -558,23 +581,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
     m_run[r] = m_new;
     l_run[r] *= alpha[r];
   }
-#ifdef MUSE_ATTN2_DIAG_NO_EXP  // timing only (wrong results): the scores' exp2 replaced by one FMA
-#define fast_exp2(x) fmaf((x), 1e-3f, 0.5f)
-#endif
-#pragma unroll
-  for (int t = 0; t < N; ++t) {
-    s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
-    s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
-    s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
-    s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
-#ifndef MUSE_ATTN2_DIAG_NO_SUM  // (timing only, wrong results: no row sums)
-    l_run[0] += s[t][0] + s[t][1];
-    l_run[1] += s[t][2] + s[t][3];
-#endif
-  }
-#ifdef MUSE_ATTN2_DIAG_NO_EXP
-#undef fast_exp2
-#endif
+  exp2_tile(s, neg_mc, l_run);
 }
 
 #if MUSE_ATTN2_WGMMA_PATH
@@ -595,15 +602,7 @@ __device__ __forceinline__ bool later_softmax(float (&s)[N][4], const float (&m_
   const bool no_m = m_run[0] == -INFINITY || m_run[1] == -INFINITY;
   const float neg_mc[2] = {-m_run[0] * kScaleLog2, -m_run[1] * kScaleLog2};
   float ts[2] = {0.0f, 0.0f};  // this tile's sums
-#pragma unroll
-  for (int t = 0; t < N; ++t) {
-    s[t][0] = fast_exp2(fmaf(s[t][0], kScaleLog2, neg_mc[0]));
-    s[t][1] = fast_exp2(fmaf(s[t][1], kScaleLog2, neg_mc[0]));
-    s[t][2] = fast_exp2(fmaf(s[t][2], kScaleLog2, neg_mc[1]));
-    s[t][3] = fast_exp2(fmaf(s[t][3], kScaleLog2, neg_mc[1]));
-    ts[0] += s[t][0] + s[t][1];
-    ts[1] += s[t][2] + s[t][3];
-  }
+  exp2_tile(s, neg_mc, ts);
   if (__any_sync(0xFFFFFFFFu, fmaxf(l_run[0] + ts[0], l_run[1] + ts[1]) > kFarSum || no_m)) return true;
   l_run[0] += ts[0];
   l_run[1] += ts[1];
