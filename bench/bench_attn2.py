@@ -14,7 +14,7 @@ is checked against ours (max relative RMS per row and head) so that both time
 the same problem.
 
 Every number: CUDA-graph replay of many calls per graph, each call on its own
-copy of the pages (the L2 is scrubbed before each replay, so no call finds
+copy of the pages (the L2 is scrubbed by a read before each replay, so no call finds
 its pages there), median of the replays (bench/harness.py). Floor = (visible
 K/V bytes + q + gate + out) / 4.2 TB/s. Bars (SPEC 9): TP8 <= 1.25 x floor +
 3 us; TP1 x 8 >= 80% of 4.2 TB/s; >= 1.3x faster than FlashInfer everywhere.

@@ -2,9 +2,15 @@
 
 Every number is the GPU time of one call, from CUDA-graph replays of many
 calls per graph (one replay costs ~5 us of its own, amortised over the calls),
-the median of at least 5 replays. Before each timed replay a 256 MB buffer is
-written so that the L2 (60 MB) holds none of the inputs: every call reads its
-inputs from memory, as a layer's first touch would.
+the median of at least 5 replays. Before each timed replay the L2 (60 MB) is
+emptied by reading a 256 MB buffer, so that no call finds its inputs there, as
+a layer's first touch would not; the benchmarks also rotate their inputs over
+copies past the L2. The scrub reads rather than writes: a model step runs each
+op behind others that stream weights through the L2 (clean lines), while a
+written scrub leaves ~60 MB of dirty lines whose write-backs share the DRAM
+with the replay's first calls (at attn2's 128k, 0.3-0.4 us per call of a
+30-call graph: bench/NOTES-attn2.md, nineteenth session).
+MUSE_BENCH_SCRUB=write restores the written scrub (the method up to then).
 """
 
 from __future__ import annotations
@@ -18,18 +24,24 @@ import torch
 
 COPY_BW = 4.2e12  # bytes/s, measured device-to-device copy on the H200 (SPEC 9)
 SCRUB_BYTES = 256 << 20
+SCRUB_MODE = os.environ.get("MUSE_BENCH_SCRUB", "read")  # "read" or "write": how graph_us(scrub=True) scrubs
 
 
 class Timer:
     def __init__(self, replays: int = 7):
         self.replays = replays
-        self.scrub = torch.empty(SCRUB_BYTES // 4, dtype=torch.float32, device="cuda")
+        self.scrub = torch.zeros(SCRUB_BYTES // 4, dtype=torch.float32, device="cuda")
         self.stream = torch.cuda.Stream()
 
-    def graph_us(self, calls, warmup: bool = True, scrub: bool = True) -> float:
+    def graph_us(self, calls, warmup: bool = True, scrub: bool | str = True) -> float:
         """GPU microseconds per call of `calls` (a list of no-argument
         callables, each a different input set), captured in one graph; with
-        scrub, the L2 is flushed before each replay."""
+        scrub, the L2 is emptied before each replay: "read" by reading the
+        scrub buffer (a sum: the L2 is left holding clean lines), "write" by
+        writing it, True as SCRUB_MODE says, False or "none" not at all."""
+        mode = {True: SCRUB_MODE, False: "none"}.get(scrub, scrub)
+        if mode not in ("write", "read", "none"):
+            raise ValueError(f"scrub: expected True, False, 'write', 'read' or 'none', got {scrub!r}")
         # The inputs were made on the caller's stream, and self.stream (from
         # PyTorch's pool) does not wait for it: without this, the warm-up and
         # the capture's first replay could run before the inputs exist.
@@ -48,8 +60,10 @@ class Timer:
         times = []
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(self.replays):
-            if scrub:
+            if mode == "write":
                 self.scrub.fill_(1.0)
+            elif mode == "read":
+                self.scrub_sum = self.scrub.sum()
             start.record()
             graph.replay()
             end.record()
@@ -118,7 +132,7 @@ def write_results(name: str, rows: list[dict], extra: dict | None = None) -> str
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "method": "CUDA-graph replay, many calls per graph, L2 scrubbed before each replay, median of replays",
+        "method": f"CUDA-graph replay, many calls per graph, L2 scrubbed by {SCRUB_MODE} of 256 MB before each replay, median of replays",
         **(extra or {}),
         "rows": rows,
     }

@@ -1,0 +1,74 @@
+"""What bench/harness.py's L2 scrub costs the calls it times (attn2, TP8).
+
+The harness empties the L2 before each timed replay. Written as it was (a
+256 MB fill), the scrub leaves ~60 MB of dirty lines whose write-backs share
+the DRAM with the replay's first calls; read (a sum of the same buffer), it
+leaves clean lines. This script times attn2's TP8 shapes through the harness
+with each scrub, and none, in interleaved rounds, with the bench's calls per
+graph and with a single call per graph (where a scrub that does not evict
+would show: the call would find its pages in the L2).
+
+  PYTHONPATH=<build>/python python3 bench/micro/l2_scrub.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import harness  # noqa: E402
+import muse_decode as md  # noqa: E402
+
+# (name, max_model_len, window, L, calls per graph as bench_attn2.py)
+SHAPES = [("2k", 131072, 0, 2048, 60), ("mml2048", 2048, 0, 2048, 60), ("128k", 131072, 0, 131072, 30)]
+
+
+def make_calls(mml, sliding, L, calls, kvh=2):
+    window = md.attn2_window(sliding or None, mml)
+    splits = md.attn2_splits(mml, window, kvh)
+    pages = (L + 15) // 16
+    g = torch.Generator(device="cuda").manual_seed(L)
+    cache = torch.empty(calls * pages, kvh, 16, 128, dtype=torch.bfloat16, device="cuda")
+    cache.uniform_(-1, 1, generator=g)
+    copies = [cache[c * pages : (c + 1) * pages] for c in range(calls)]
+    table = torch.zeros(1, (mml + 15) // 16, dtype=torch.int32, device="cuda")
+    table[0, :pages] = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
+    lens = torch.full((1,), L, dtype=torch.int32, device="cuda")
+    qkv = torch.randn(8, 2 * (kvh * 8 + kvh) * 64, device="cuda", generator=g).to(torch.bfloat16)
+    q, gate = md.split_qkv(qkv, kvh)
+    outs = torch.empty(calls, 8, kvh * 512, dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(max(16, md.attn2_workspace_bytes(1, kvh, splits)), dtype=torch.uint8, device="cuda")
+    md.prepare_attn2()
+    keep = (cache, copies, table, lens, qkv, outs, ws)
+    return keep, [lambda c=c: md.attn2(q, gate, copies[c], table, lens, outs[c], ws, mml, window, splits)
+                  for c in range(calls)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    timer = harness.Timer()
+    modes = ("write", "read", "none")
+    print(f"{'shape':8} {'calls':>5} " + " ".join(f"{m:>17}" for m in modes))
+    for name, mml, sliding, L, calls in SHAPES:
+        keep, fns = make_calls(mml, sliding, L, calls)
+        for n in (calls, 1):
+            got = {m: [] for m in modes}
+            for _ in range(args.rounds):
+                for m in modes:
+                    got[m].append(timer.graph_us(fns[:n], scrub=m))
+            cells = [f"{min(v):7.2f}-{max(v):7.2f}".rjust(17) for v in got.values()]
+            print(f"{name:8} {n:5d} " + " ".join(cells), flush=True)
+        del keep, fns
+        torch.cuda.empty_cache()
+    print("us per call, TP8 PDL, min-max over rounds (each the median of", timer.replays, "replays)")
+
+
+if __name__ == "__main__":
+    main()
