@@ -8,7 +8,7 @@ a layer's first touch would not; the benchmarks also rotate their inputs over
 copies past the L2. The scrub reads rather than writes: a model step runs each
 op behind others that stream weights through the L2 (clean lines), while a
 written scrub leaves ~60 MB of dirty lines whose write-backs share the DRAM
-with the replay's first calls (at attn2's 128k, 0.3-0.4 us per call of a
+with the replay's first calls (at attn2's 128k, 0.3-0.45 us per call of a
 30-call graph: bench/NOTES-attn2.md, nineteenth session).
 MUSE_BENCH_SCRUB=write restores the written scrub (the method up to then).
 """
