@@ -25,6 +25,8 @@ import torch
 COPY_BW = 4.2e12  # bytes/s, measured device-to-device copy on the H200 (SPEC 9)
 SCRUB_BYTES = 256 << 20
 SCRUB_MODE = os.environ.get("MUSE_BENCH_SCRUB", "read")  # "read" or "write": how graph_us(scrub=True) scrubs
+if SCRUB_MODE not in ("read", "write"):
+    raise ValueError(f"MUSE_BENCH_SCRUB: expected 'read' or 'write', got {SCRUB_MODE!r}")
 
 
 class Timer:
@@ -63,7 +65,7 @@ class Timer:
             if mode == "write":
                 self.scrub.fill_(1.0)
             elif mode == "read":
-                self.scrub_sum = self.scrub.sum()
+                self.scrub.sum()
             start.record()
             graph.replay()
             end.record()
