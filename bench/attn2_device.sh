@@ -25,6 +25,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # gh0 (the gate's sigmoid always after the merges),
             # tl0 (one tile more than warpgroups: pairs, not a tail pass),
             # rp0 (the cluster merge's push through an fp16 copy of O in shared memory, not from registers),
+            # ar0 (the cluster arrival before the pushes with release semantics, not relaxed),
             # th0 (the window's odd pages at its new end, v31, not its old end),
             # il0 (the grid's last
             # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
@@ -65,6 +66,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       th0) f="$f -DMUSE_ATTN2_TAIL_HEAD=0";;
       pm0) f="$f -DMUSE_ATTN2_PIECE_MASK=0";;
       rp0) f="$f -DMUSE_ATTN2_REG_PUSH=0";;
+      ar0) f="$f -DMUSE_ATTN2_ARRIVE_RELAXED=0";;
       il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;

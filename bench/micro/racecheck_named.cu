@@ -5,7 +5,13 @@
 //   0 plain; 1 bar.sync 1, 128 in warpgroup 0 first; 2 each warpgroup its
 //   own named barrier (1, 2); 3 a cluster barrier (arrive before, wait
 //   after; clusters of 2); 4 an mbarrier arrive and try_wait loop first;
-//   5 warps 6 and 7 exit before the barrier.
+//   5 warps 6 and 7 exit before the barrier; 6 griddepcontrol.launch_dependents
+//   first (attn2's general kernel triggers before its exchange), plain and
+//   with PDL allowed. Then the plain pattern in
+//   clusters of 2, 8 and 16 CTAs (16: non-portable), each CTA delayed by its
+//   rank so that the ranks' accesses interleave in time, with and without a
+//   store into the next rank's shared memory before a closing cluster
+//   barrier (attn2's kernels of 16 are where racecheck reports).
 //   nvcc -arch=sm_90a -o rc bench/micro/racecheck_named.cu
 //   compute-sanitizer --tool racecheck ./rc
 #include <cstdint>
@@ -37,15 +43,66 @@ __global__ void __launch_bounds__(256) across_sync(float* out) {
                    : "=r"(done) : "r"(a), "r"(0) : "memory");
   }
   if (kMode == 5 && threadIdx.x >= 192) return;
+  if (kMode == 6) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (wg == 1) buf[t] = static_cast<float>(t);
   __syncthreads();
   if (wg == 0) out[blockIdx.x * 128 + t] = buf[t];
   if (kMode == 3) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+template <int kRemote>
+__global__ void __launch_bounds__(256) across_sync_cluster(float* out) {
+  __shared__ float buf[128];
+  __shared__ float inbox[256];
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  const long long start = clock64();
+  while (clock64() - start < 2000ll * rank) {
+  }
+  if (wg == 1) buf[t] = static_cast<float>(t + rank);
+  __syncthreads();
+  float v = 0.0f;
+  if (wg == 0) v = buf[t];
+  if (kRemote) {
+    uint32_t nranks;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nranks));
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    uint32_t remote;
+    const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(&inbox[threadIdx.x]));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"((rank + 1) % nranks));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    v += inbox[threadIdx.x];
+  }
+  if (wg == 0) out[blockIdx.x * 128 + t] = v;
+}
+
+template <int kRemote>
+static void launch_clusters(float* out, int cluster) {
+  if (cluster > 8 &&
+      cudaFuncSetAttribute(across_sync_cluster<kRemote>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+          cudaSuccess)
+    std::printf("cluster %d: non-portable size refused\n", cluster);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2 * cluster);
+  config.blockDim = dim3(256);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&config, across_sync_cluster<kRemote>, out);
+  const cudaError_t s = cudaDeviceSynchronize();
+  std::printf("clusters of %d, remote store %d: %s / %s\n", cluster, kRemote, cudaGetErrorString(e),
+              cudaGetErrorString(s));
+}
+
 int main() {
   float* out;
-  if (cudaMalloc(&out, 128 * 4 * sizeof(float)) != cudaSuccess) return 1;
+  if (cudaMalloc(&out, 128 * 32 * sizeof(float)) != cudaSuccess) return 1;
   across_sync<0><<<4, 256>>>(out);
   across_sync<1><<<4, 256>>>(out);
   across_sync<2><<<4, 256>>>(out);
@@ -64,6 +121,23 @@ int main() {
   }
   across_sync<4><<<4, 256>>>(out);
   across_sync<5><<<4, 256>>>(out);
+  across_sync<6><<<4, 256>>>(out);
+  {  // mode 6 again, launched with programmatic dependent launch allowed, twice
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(4);
+    config.blockDim = dim3(256);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    for (int i = 0; i < 2; ++i)
+      if (cudaLaunchKernelEx(&config, across_sync<6>, out) != cudaSuccess) std::printf("mode 6 PDL launch failed\n");
+  }
+  for (int cluster : {2, 8, 16}) {
+    launch_clusters<0>(out, cluster);
+    launch_clusters<1>(out, cluster);
+  }
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("racecheck_named: %s\n", cudaGetErrorString(e));
   return e == cudaSuccess ? 0 : 1;

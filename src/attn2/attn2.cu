@@ -294,6 +294,17 @@ constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE
 #ifndef MUSE_ATTN2_REG_PUSH
 #define MUSE_ATTN2_REG_PUSH 1
 #endif
+// The cluster barrier's arrival that opens this CTA's receive area to the
+// other ranks' pushes is relaxed. It must publish the receive mbarrier's
+// initialisation, which fence.mbarrier_init.release.cluster after the init
+// already does (the PTX ISA's pattern: that fence, then a relaxed arrive);
+// and this CTA's reads of the stage under the receive area have all returned
+// by then (wgmma waited for, ldmatrix results consumed). The release form
+// compiles to MEMBAR.ALL.GPU on every thread, on the chain after the key
+// loop. (0: the release form, for an A/B.)
+#ifndef MUSE_ATTN2_ARRIVE_RELAXED
+#define MUSE_ATTN2_ARRIVE_RELAXED 1
+#endif
 // The gate's sigmoid before the cluster merge's wait where every loop is short
 // (below); 0 (token gh0): always after the merges.
 #ifndef MUSE_ATTN2_GATE_EARLY
@@ -704,6 +715,13 @@ __device__ __forceinline__ void wait_for_producer() {
 }
 __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_for_push() {
+#if MUSE_ATTN2_ARRIVE_RELAXED
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
 }
 
 // A grid that fills the GPU exactly has its last cluster placed last: after
@@ -1183,7 +1201,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   static_assert(kRecvOffset >= 2 * kWgStageBytes + 1024 && kRecvOffset + kRecvBytes <= 3 * kWgStageBytes,
                 "the receive area lies in warpgroup 0's last stage only");
   early_push = late_rounds == INT_MAX && num_tiles <= (kWgStages - 1) * wgs;
-  if (early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (early_push) cluster_arrive_for_push();
   if (!kOneSlice && MUSE_ATTN2_EARLY_TRIGGER && early_push) allow_dependents();  // (the call after the loop then does nothing)
 #endif
   TRACE(30);
@@ -1665,8 +1683,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kHalfThreads = kRowWarps * 32;
   if (kKeySplit == 2) __syncthreads();  // the first half may still read the last stage
   // Every stage consumed (wgmma and TMA done with it): the receive area may be
-  // written. Release: the barrier init before it is seen by the senders.
-  if (!early_push) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  // written.
+  if (!early_push) cluster_arrive_for_push();
   TRACE(27);
   if (kKeySplit == 2 && kh == 1) {
     const int t = threadIdx.x - kHalfThreads;
