@@ -252,10 +252,22 @@ __device__ __forceinline__ uint32_t cluster_id_x() {
   asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
   return r;
 }
-// Split cluster barrier: every thread arrives once at the start (releasing the
-// barrier inits); a thread waits before its first access to another CTA's
-// shared memory. Threads that exit without waiting are not waited for.
-__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
+// Split cluster barrier: every thread arrives once at the start; a thread
+// waits before its first access to another CTA's shared memory. Threads that
+// exit without waiting are not waited for. The arrival is relaxed: what it
+// publishes is the barrier inits, which fence.mbarrier_init.release.cluster
+// already releases (the PTX ISA's pattern); the release form compiles to a
+// MEMBAR.ALL.GPU per thread in front of the first copies. (0: release, A/B.)
+#ifndef MUSE_QKV_FRONT_ARRIVE_RELAXED
+#define MUSE_QKV_FRONT_ARRIVE_RELAXED 1
+#endif
+__device__ __forceinline__ void cluster_arrive() {
+#if MUSE_QKV_FRONT_ARRIVE_RELAXED
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#else
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 // The shared::cluster address of this CTA's shared address `addr` in CTA `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
@@ -680,7 +692,7 @@ __global__ void __launch_bounds__(kThreads, cluster_ctas_per_sm<NT>())
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  cluster_arrive_release();
+  cluster_arrive();
   allow_dependent_grid();  // as in qkv_front_kernel
 
 #ifdef MUSE_QKV_FRONT_DIAG_NO_X
