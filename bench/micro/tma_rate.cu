@@ -7,7 +7,9 @@
 //   bulk  one 4 KB cp.async.bulk per page (contiguous).
 // Cache larger than the L2 (random pages over 2 GB) or L2-resident (16 MB).
 // Prints TB/s and bytes per clock and SM for grids of 112 / 132 SMs, 1 or 2
-// CTAs per SM, and ring depths.
+// CTAs per SM, and ring depths; then, one CTA per SM, the ring split over 1,
+// 2 or 4 issuing warps (warp w takes tiles t = w mod W on its own stages):
+// is one CTA's ~20 bytes per clock a limit of its single issuing warp?
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -35,7 +37,7 @@ __device__ __forceinline__ uint32_t hash(uint32_t x) {
 
 // mode 0 tma2, 1 tma1, 2 bulk
 __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_constant__ CUtensorMap map1,
-                       const char* cache, int pages, int tiles, int stages, int mode, unsigned seed) {
+                       const char* cache, int pages, int tiles, int stages, int mode, unsigned seed, int issuers) {
   extern __shared__ __align__(1024) uint8_t smem[];
   __shared__ uint64_t full[16];
   const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
@@ -45,10 +47,13 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
+  const int w = threadIdx.x / 32;
+  if (w >= issuers) return;
+  const int lane = threadIdx.x % 32;
+  const int ring = stages / issuers;  // this warp's stages: w * ring ..
+  auto stage_of = [&](int t) { return w * ring + (t / issuers) % ring; };
   auto issue = [&](int t) {
-    const int s = t % stages;
+    const int s = stage_of(t);
     const uint32_t bar = smem_u32(&full[s]);
     if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kTileBytes) : "memory");
     __syncwarp();
@@ -76,11 +81,13 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
       }
     }
   };
-  for (int t = 0; t < tiles; ++t) {
-    if (t >= stages) mbar_wait(smem_u32(&full[t % stages]), ((t - stages) / stages) & 1);
+  // Warp w: tiles w, w + W, ...; the k-th of them uses its stage k % ring.
+  int k = 0;
+  for (int t = w; t < tiles; t += issuers, ++k) {
+    if (k >= ring) mbar_wait(smem_u32(&full[stage_of(t)]), ((k - ring) / ring) & 1);
     issue(t);
   }
-  for (int t = max(0, tiles - stages); t < tiles; ++t) mbar_wait(smem_u32(&full[t % stages]), (t / stages) & 1);
+  for (int j = max(0, k - ring); j < k; ++j) mbar_wait(smem_u32(&full[w * ring + j % ring]), (j / ring) & 1);
 }
 
 int main() {
@@ -137,7 +144,7 @@ int main() {
             std::vector<float> ts;
             for (int r = 0; r < 7; ++r) {
               cudaEventRecord(e0);
-              stream<<<grid, 64, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 1234u + r * 77u);
+              stream<<<grid, 64, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 1234u + r * 77u, 1);
               cudaEventRecord(e1);
               cudaEventSynchronize(e1);
               float ms = 0;
@@ -151,6 +158,34 @@ int main() {
             std::sort(ts.begin(), ts.end());
             const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
             std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, per_sm, stages,
+                        us, bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
+          }
+  std::printf("\none CTA per SM, W issuing warps\n%-5s %-6s %5s %6s %6s %8s %8s %10s\n", "mode", "cache", "SMs", "W",
+              "stages", "us", "TB/s", "B/clk/SM");
+  for (int hot = 0; hot < 2; ++hot)
+    for (int used : {112, sms})
+      for (int issuers : {1, 2, 4})
+        for (int stages : {4, 8, 12})
+          for (int mode = 1; mode < 3; ++mode) {
+            const int grid = used, smem_req = std::max(stages * kTileBytes + 1024, 120 * 1024);
+            const int pages = hot ? 2048 : static_cast<int>(big_pages), tiles = 192;
+            std::vector<float> ts;
+            for (int r = 0; r < 7; ++r) {
+              cudaEventRecord(e0);
+              stream<<<grid, 128, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 4321u + r * 77u, issuers);
+              cudaEventRecord(e1);
+              cudaEventSynchronize(e1);
+              float ms = 0;
+              cudaEventElapsedTime(&ms, e0, e1);
+              ts.push_back(ms * 1e3f);
+            }
+            if (cudaGetLastError() != cudaSuccess) {
+              std::printf("launch failed (%s, W %d)\n", names[mode], issuers);
+              return 4;
+            }
+            std::sort(ts.begin(), ts.end());
+            const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
+            std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, issuers, stages,
                         us, bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
           }
   return 0;
