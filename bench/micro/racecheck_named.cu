@@ -7,7 +7,10 @@
 //   after; clusters of 2); 4 an mbarrier arrive and try_wait loop first;
 //   5 warps 6 and 7 exit before the barrier; 6 griddepcontrol.launch_dependents
 //   first (attn2's general kernel triggers before its exchange), plain and
-//   with PDL allowed. Then the plain pattern in
+//   with PDL allowed; 7 only warpgroup 0 passes an mbarrier (arrive, then
+//   try_wait) first, then thread 0 writes and warpgroup 1 reads across the
+//   __syncthreads (attn2's s_last after the receive barrier's wait); 8 the
+//   same mbarrier in warpgroup 0, warpgroup 1 writes and 0 reads. Then the plain pattern in
 //   clusters of 2, 8 and 16 CTAs (16: non-portable), each CTA delayed by its
 //   rank so that the ranks' accesses interleave in time, with and without a
 //   store into the next rank's shared memory before a closing cluster
@@ -23,17 +26,17 @@ __global__ void __launch_bounds__(256) across_sync(float* out) {
   __shared__ float buf[128];
   __shared__ __align__(8) uint64_t bar;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  if (kMode == 4) {
+  if (kMode == 4 || kMode == 7 || kMode == 8) {
     if (threadIdx.x == 0) {
       const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(256) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(kMode == 4 ? 256 : 128) : "memory");
     }
     __syncthreads();
   }
   if ((kMode == 1 || kMode == 2) && wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
   if (kMode == 2 && wg == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
   if (kMode == 3) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  if (kMode == 4) {
+  if (kMode == 4 || ((kMode == 7 || kMode == 8) && wg == 0)) {
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
     uint64_t state;
     asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(a) : "memory");
@@ -44,9 +47,15 @@ __global__ void __launch_bounds__(256) across_sync(float* out) {
   }
   if (kMode == 5 && threadIdx.x >= 192) return;
   if (kMode == 6) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (wg == 1) buf[t] = static_cast<float>(t);
-  __syncthreads();
-  if (wg == 0) out[blockIdx.x * 128 + t] = buf[t];
+  if (kMode == 7) {
+    if (threadIdx.x == 0) buf[0] = 1.0f;
+    __syncthreads();
+    if (wg == 1) out[blockIdx.x * 128 + t] = buf[0];
+  } else {
+    if (wg == 1) buf[t] = static_cast<float>(t);
+    __syncthreads();
+    if (wg == 0) out[blockIdx.x * 128 + t] = buf[t];
+  }
   if (kMode == 3) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
@@ -122,6 +131,8 @@ int main() {
   across_sync<4><<<4, 256>>>(out);
   across_sync<5><<<4, 256>>>(out);
   across_sync<6><<<4, 256>>>(out);
+  across_sync<7><<<4, 256>>>(out);
+  across_sync<8><<<4, 256>>>(out);
   {  // mode 6 again, launched with programmatic dependent launch allowed, twice
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(4);
