@@ -68,6 +68,12 @@ __device__ __forceinline__ void cluster_arrive_release() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
+// 0: the ids, weights and other ranks' -1 entries stored before the
+// metadata arrival (the form up to 2026-11-30), for an A/B.
+#ifndef MUSE_ROUTE_STORES_AFTER_ARRIVE
+#define MUSE_ROUTE_STORES_AFTER_ARRIVE 1
+#endif
+
 template <bool kMetadata>
 __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p) {
   __shared__ float s_score[kNumExperts];           // this token's scores, by expert
@@ -123,10 +129,14 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   __syncthreads();
   // 3: steps 4-5, and the ids into the metadata CTA's shared memory.
   if (kMetadata) cluster_wait();  // every CTA of the cluster has started
+  // Lane k < 8 of warp 0 holds slot k's id and weight.
+  int id = 0;
+  float weight = 0.0f;
+  bool elsewhere = false;  // (metadata) slot k's expert is another rank's
   if (warp == 0) {
-    // Lane k < 8 holds slot k's id and score; every lane gathers the 8 scores
-    // (independent shuffles) and adds them left to right.
-    const int id = s_slot_id[lane % kTopK];
+    // Every lane gathers the 8 scores (independent shuffles) and adds them
+    // left to right.
+    id = s_slot_id[lane % kTopK];
     const float score = s_score[id];
     float v[kTopK];
 #pragma unroll
@@ -134,28 +144,37 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     float sum = v[0];
 #pragma unroll
     for (int k = 1; k < kTopK; ++k) sum = __fadd_rn(sum, v[k]);
-    if (lane < kTopK) {
-      p.ids[t * kTopK + lane] = id;
-      p.weights[t * kTopK + lane] = __fdiv_rn(__fmul_rn(score, p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
-      if (kMetadata) {
-        // Publish this route in CTA 0's tables directly (distributed shared
-        // memory atomics), so CTA 0 starts on the tables after the barrier.
-        cg::cluster_group cluster = cg::this_cluster();
-        const int j = id - p.local_expert_offset;
-        if (j >= 0 && j < p.num_local_experts) {
-          *cluster.map_shared_rank(&s_slot[j][t], 0) = static_cast<uint8_t>(lane);
-          atomicOr(cluster.map_shared_rank(&s_tokens[j], 0), 1u << t);
-          atomicOr(cluster.map_shared_rank(&s_routed[j / 32], 0), 1u << (j % 32));
-        } else {
-          p.metadata[kMetaExpandedToPermuted + t * kTopK + lane] = -1;  // another rank's expert
-        }
+    weight = __fdiv_rn(__fmul_rn(score, p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
+    if (kMetadata && lane < kTopK) {
+      // Publish this route in CTA 0's tables directly (distributed shared
+      // memory atomics), so CTA 0 starts on the tables after the barrier.
+      cg::cluster_group cluster = cg::this_cluster();
+      const int j = id - p.local_expert_offset;
+      elsewhere = j < 0 || j >= p.num_local_experts;
+      if (!elsewhere) {
+        *cluster.map_shared_rank(&s_slot[j][t], 0) = static_cast<uint8_t>(lane);
+        atomicOr(cluster.map_shared_rank(&s_tokens[j], 0), 1u << t);
+        atomicOr(cluster.map_shared_rank(&s_routed[j / 32], 0), 1u << (j % 32));
       }
     }
+  }
+#if MUSE_ROUTE_STORES_AFTER_ARRIVE
+  // The arrival's release is a MEMBAR.ALL.GPU, which waits for every write of
+  // the thread before it: the global stores come after it, so that it holds
+  // only the distributed shared memory updates CTA 0 needs.
+  if constexpr (kMetadata) cluster_arrive_release();  // every token's routes are in CTA 0's tables once all arrive
+#endif
+  if (warp == 0 && lane < kTopK) {
+    p.ids[t * kTopK + lane] = id;
+    p.weights[t * kTopK + lane] = weight;
+    if (kMetadata && elsewhere) p.metadata[kMetaExpandedToPermuted + t * kTopK + lane] = -1;
   }
   if constexpr (!kMetadata) return;
 
   // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
-  cluster_arrive_release();  // every token's routes are in CTA 0's tables once all arrive
+#if !MUSE_ROUTE_STORES_AFTER_ARRIVE
+  cluster_arrive_release();
+#endif
   cluster_wait();
   if (t != 0) return;
   int32_t* const md = p.metadata;
