@@ -2,7 +2,7 @@
 // when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of this
 // rank's experts from every token's routes, published in its shared memory
 // by each token's CTA (the slot of each local route, and the expert/token
-// bitmaps by remote atomics).
+// bitmaps, by red.async ORs that CTA 0 counts on one mbarrier).
 //
 // Latency is all that matters (at most 8 KB of logits), and each token's top 8
 // is a dependent chain of instructions, so each token gets its own SM and the
@@ -15,7 +15,6 @@
 //  3. one warp sums the 8 scores left to right and writes ids and weights.
 // A one-CTA-per-token design with one warp per token ran 2.96-3.59 us for
 // b = 1..8 with metadata (v5b), the 8 warps of one SM sharing issue slots.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,8 +24,6 @@
 
 namespace muse_decode {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -67,12 +64,27 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// 0: the ids, weights and other ranks' -1 entries stored before the
-// metadata arrival (the form up to 2026-11-30), for an A/B.
-#ifndef MUSE_ROUTE_STORES_AFTER_ARRIVE
-#define MUSE_ROUTE_STORES_AFTER_ARRIVE 1
-#endif
+// The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank`.
+__device__ __forceinline__ uint32_t in_rank(const void* p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
+  return r;
+}
+// An OR into another CTA's shared word, completing 4 bytes on its mbarrier.
+__device__ __forceinline__ void or_async(uint32_t word, uint32_t bits, uint32_t bar) {
+  asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.or.b32 [%0], %1, [%2];" ::"r"(word),
+               "r"(bits), "r"(bar)
+               : "memory");
+}
+// Each token's CTA publishes its 8 routes into CTA 0's tables with three
+// red.async ORs per route (other ranks' routes OR 0 into a sink word), so
+// CTA 0 expects a fixed byte count on one mbarrier and waits for it alone.
+// v12 used remote atomics and a second cluster barrier, whose release
+// compiles to MEMBAR.ALL.GPU on every thread: 0.14 us more per call at every b
+// (bench/NOTES.md, route v13).
+constexpr uint32_t kPublishBytes = kTopK * 3 * 4;  // per token
 
 template <bool kMetadata>
 __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p) {
@@ -80,7 +92,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   __shared__ uint64_t s_final[kFinalists];         // each warp's top 8
   __shared__ int s_slot_id[kTopK];                 // this token's ids, slot order
   // Metadata (the first CTA of the cluster only):
-  __shared__ uint8_t s_slot[kNumExperts][kRouteMaxTokens];  // slot of local expert j in token t's ids
+  __shared__ uint32_t s_slot[kNumExperts][kRouteMaxTokens / 4];  // byte t % 4 of word t / 4: slot of local expert j in token t's ids
+  __shared__ uint32_t s_sink;                                      // target of other ranks' routes' ORs (of 0)
+  __shared__ uint64_t s_published;                                 // phase 0 ends once every token's ORs landed
   __shared__ uint32_t s_tokens[kNumExperts];       // bit t: token t routes to local expert j
   __shared__ uint32_t s_routed[kNumExperts / 32];  // bit j: local expert j has routes
 
@@ -93,9 +107,19 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     if (t == 0) {
       s_tokens[e] = 0u;
       if (e < kNumExperts / 32) s_routed[e] = 0u;
+      static_assert(kRouteMaxTokens == 8, "two slot words per expert");
+      s_slot[e][0] = 0u;
+      s_slot[e][1] = 0u;
+      if (e == 0) {
+        const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(gridDim.x * kPublishBytes)
+                     : "memory");
+      }
     }
-    // "Started", and CTA 0's zeroed tables visible to the other CTAs' atomics:
-    // waited for before the first remote access.
+    // "Started", and CTA 0's zeroed tables and initialised barrier visible to
+    // the other CTAs' ORs: waited for before the first remote access.
     cluster_arrive_release();
   }
   wait_for_producer();
@@ -146,24 +170,21 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     for (int k = 1; k < kTopK; ++k) sum = __fadd_rn(sum, v[k]);
     weight = __fdiv_rn(__fmul_rn(score, p.route_scale), __fadd_rn(sum, kRouteDivisionEps));
     if (kMetadata && lane < kTopK) {
-      // Publish this route in CTA 0's tables directly (distributed shared
-      // memory atomics), so CTA 0 starts on the tables after the barrier.
-      cg::cluster_group cluster = cg::this_cluster();
+      // Publish this route in CTA 0's tables, so CTA 0 starts on them as soon
+      // as its barrier says every token's ORs landed.
       const int j = id - p.local_expert_offset;
       elsewhere = j < 0 || j >= p.num_local_experts;
+      const uint32_t bar = in_rank(&s_published, 0);
       if (!elsewhere) {
-        *cluster.map_shared_rank(&s_slot[j][t], 0) = static_cast<uint8_t>(lane);
-        atomicOr(cluster.map_shared_rank(&s_tokens[j], 0), 1u << t);
-        atomicOr(cluster.map_shared_rank(&s_routed[j / 32], 0), 1u << (j % 32));
+        or_async(in_rank(&s_slot[j][t / 4], 0), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
+        or_async(in_rank(&s_tokens[j], 0), 1u << t, bar);
+        or_async(in_rank(&s_routed[j / 32], 0), 1u << (j % 32), bar);
+      } else {
+        const uint32_t sink = in_rank(&s_sink, 0);
+        for (int k = 0; k < 3; ++k) or_async(sink, 0u, bar);
       }
     }
   }
-#if MUSE_ROUTE_STORES_AFTER_ARRIVE
-  // The arrival's release is a MEMBAR.ALL.GPU, which waits for every write of
-  // the thread before it: the global stores come after it, so that it holds
-  // only the distributed shared memory updates CTA 0 needs.
-  if constexpr (kMetadata) cluster_arrive_release();  // every token's routes are in CTA 0's tables once all arrive
-#endif
   if (warp == 0 && lane < kTopK) {
     p.ids[t * kTopK + lane] = id;
     p.weights[t * kTopK + lane] = weight;
@@ -172,11 +193,18 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   if constexpr (!kMetadata) return;
 
   // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
-#if !MUSE_ROUTE_STORES_AFTER_ARRIVE
-  cluster_arrive_release();
-#endif
-  cluster_wait();
-  if (t != 0) return;
+  if (t != 0) return;  // (its ORs need no wait: only CTA 0's shared memory is written, and CTA 0 waits)
+  {
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, "
+          "p;\n\t}"
+          : "=r"(done)
+          : "r"(bar)
+          : "memory");
+  }
   int32_t* const md = p.metadata;
   const int j = threadIdx.x;
   const int tile = p.tile_n;
@@ -205,7 +233,8 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
     for (int n = 0; n < kRouteMaxTokens; ++n, rest &= rest - 1u) {
       if (rest == 0u) break;
       const int tok = __ffs(rest) - 1;
-      md[kMetaExpandedToPermuted + tok * kTopK + s_slot[j][tok]] = cta * tile + n;
+      const int slot = (s_slot[j][tok / 4] >> (8 * (tok % 4))) & 0xFF;
+      md[kMetaExpandedToPermuted + tok * kTopK + slot] = cta * tile + n;
     }
   }
   // permuted_idx_to_token_idx for every row below total * tile, 16 bytes per
