@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       static_assert(kRouteMaxTokens == 8, "two slot words per expert");
       s_slot[e][0] = 0u;
       s_slot[e][1] = 0u;
-      if (e == 0) {
+      if (e == 0 && gridDim.x > 1) {
         const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -174,14 +174,24 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       // as its barrier says every token's ORs landed.
       const int j = id - p.local_expert_offset;
       elsewhere = j < 0 || j >= p.num_local_experts;
-      const uint32_t bar = in_rank(&s_published, 0);
-      if (!elsewhere) {
-        or_async(in_rank(&s_slot[j][t / 4], 0), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
-        or_async(in_rank(&s_tokens[j], 0), 1u << t, bar);
-        or_async(in_rank(&s_routed[j / 32], 0), 1u << (j % 32), bar);
+      if (gridDim.x == 1) {
+        // One token, no cluster of two or more (red.async needs one): CTA 0's
+        // own tables by shared atomics, ordered by the CTA barrier below.
+        if (!elsewhere) {
+          atomicOr(&s_slot[j][0], static_cast<uint32_t>(lane));
+          atomicOr(&s_tokens[j], 1u);
+          atomicOr(&s_routed[j / 32], 1u << (j % 32));
+        }
       } else {
-        const uint32_t sink = in_rank(&s_sink, 0);
-        for (int k = 0; k < 3; ++k) or_async(sink, 0u, bar);
+        const uint32_t bar = in_rank(&s_published, 0);
+        if (!elsewhere) {
+          or_async(in_rank(&s_slot[j][t / 4], 0), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
+          or_async(in_rank(&s_tokens[j], 0), 1u << t, bar);
+          or_async(in_rank(&s_routed[j / 32], 0), 1u << (j % 32), bar);
+        } else {
+          const uint32_t sink = in_rank(&s_sink, 0);
+          for (int k = 0; k < 3; ++k) or_async(sink, 0u, bar);
+        }
       }
     }
   }
@@ -194,7 +204,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 
   // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
   if (t != 0) return;  // (its ORs need no wait: only CTA 0's shared memory is written, and CTA 0 waits)
-  {
+  if (gridDim.x == 1) {
+    __syncthreads();
+  } else {
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
     uint32_t done = 0;
     while (!done)
