@@ -13,37 +13,19 @@
 VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split),
-            # fm0 (the split merge always by ticket, not by the last active slice polling where the
-            # grid is resident),
-            # wr0 (16 threads per merged row, 4 columns each, not 32 with 2 where the rows allow),
-            # ep0 (short L: the push waits for the whole cluster's loops),
-            # et0 (the PDL trigger always after the key loop, not at once where every loop is short;
-            # et2: at once in every CTA), tw0 (one-slice kernels: the trigger at their start, not
-            # right after griddepcontrol.wait),
-            # si0 (the interleaved slice's first page ids loaded again after L),
-            # sn0 (a first tile with this step's keys copied whole after the wait, not in two parts),
-            # gh0 (the gate's sigmoid always after the merges),
-            # tl0 (one tile more than warpgroups: pairs, not a tail pass),
-            # rp0 (the cluster merge's push through an fp16 copy of O in shared memory, not from registers),
-            # ar0 (the cluster arrival before the pushes with release semantics, not relaxed),
-            # th0 (the window's odd pages at its new end, v31, not its old end),
-            # il0 (the grid's last
-            # cluster works even where the grid fills the GPU), lt<N> (the grid's last cluster
-            # takes N tiles per warpgroup fewer than the others; lt99: none, as in v12), lm<N> (from
-            # N round-robin rounds on; below, its full share; v20: lt2,lm0),
-            # ix0 (cluster x of the grid always works on slice x of head y, never interleaved),
-            # lo1 (interleaved: only the last cluster takes fewer tiles, not the last two),
-            # bl0 (one slice with more tiles than warpgroups: round-robin, not the oldest in pairs),
-            # os0 (one-slice launches run the general kernel, not their own),
-            # wk0 (one-slice launches without a window run the window's one-slice kernel, not their own),
+            # et<N> (the PDL trigger: 0 always after the key loop, 1 the default, 2 at once in every CTA),
+            # lt<N> (the grid's last cluster takes N tiles per warpgroup fewer than the others; lt99: none),
+            # lm<N> (from N round-robin rounds on; below, its full share),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
-            # nl (no row sums), fr0 (every tile its own row max and O's rescale, as up to v36,
-            # not later tiles against the warpgroup's max),
+            # nl (no row sums),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait).
-            # (ra0, tk0, mt0, mf0, pm0 and ncm<N> of the notes were removed with their code in
-            # the twelfth session; wt0, cl0, pu0 and fm1 in the thirteenth; tp0 in the fourteenth.)
+            # The A/B switches of settled choices (fm0, wr0, ep0, tw0, gh0, si0, sn0, tl0, th0, pm0,
+            # rp0, ar0, il0, ix0, lo1, os0, wk0, bl0, fr0) were removed with their code in the
+            # twentieth session (their last version: commit e5baac1; bench/NOTES-attn2.md);
+            # earlier removals: ra0, tk0, mt0, mf0, pm0 and ncm<N> (twelfth session), wt0, cl0, pu0
+            # and fm1 (thirteenth), tp0 (fourteenth).
   local f="-DMUSE_ATTN2_WGMMA=1" t
   for t in ${1//,/ }; do
     case $t in
@@ -54,34 +36,15 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       e[0-9]*) f="$f -DMUSE_ATTN2_EARLY_TILES=${t#e}";;
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
-      fm0) f="$f -DMUSE_ATTN2_FIXED_MERGER=0";;
-      wr0) f="$f -DMUSE_ATTN2_WIDE_ROWS=0";;
-      ep0) f="$f -DMUSE_ATTN2_EARLY_PUSH=0";;
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
-      tw0) f="$f -DMUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT=0";;
-      gh0) f="$f -DMUSE_ATTN2_GATE_EARLY=0";;
-      si0) f="$f -DMUSE_ATTN2_INTERLEAVE_IDS=0";;
-      sn0) f="$f -DMUSE_ATTN2_SPLIT_NEWEST=0";;
-      tl0) f="$f -DMUSE_ATTN2_TAIL=0";;
-      th0) f="$f -DMUSE_ATTN2_TAIL_HEAD=0";;
-      pm0) f="$f -DMUSE_ATTN2_PIECE_MASK=0";;
-      rp0) f="$f -DMUSE_ATTN2_REG_PUSH=0";;
-      ar0) f="$f -DMUSE_ATTN2_ARRIVE_RELAXED=0";;
-      il0) f="$f -DMUSE_ATTN2_IDLE_LAST=0";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
-      ix0) f="$f -DMUSE_ATTN2_INTERLEAVE=0";;
-      lo1) f="$f -DMUSE_ATTN2_LATE_TWO=0";;
-      os0) f="$f -DMUSE_ATTN2_ONE_SLICE=0";;
-      wk0) f="$f -DMUSE_ATTN2_WINDOW_KERNEL=0";;
-      bl0) f="$f -DMUSE_ATTN2_BLOCKED=0";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;
       dq) f="$f -DMUSE_ATTN2_DIAG_Q_EARLY";;
       ns) f="$f -DMUSE_ATTN2_DIAG_NO_SOFTMAX";;
       nm) f="$f -DMUSE_ATTN2_DIAG_NO_MAX";;
       nl) f="$f -DMUSE_ATTN2_DIAG_NO_SUM";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
-      fr0) f="$f -DMUSE_ATTN2_LATER_MAX=0";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

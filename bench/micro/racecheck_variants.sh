@@ -3,7 +3,9 @@
 # (extra nvcc flags per build, '|'-separated in BUILDS), to find which part of
 # the kernel the tool's hazard reports follow. Run from the repository root on
 # a GPU machine with .deps/gtest carried:
-#   BUILDS="|-DMUSE_ATTN2_EARLY_PUSH=0|-DMUSE_ATTN2_REG_PUSH=0" bash bench/micro/racecheck_variants.sh [OUT]
+#   BUILDS="|-DMUSE_ATTN2_EARLY_TRIGGER=0|-DMUSE_ATTN2_EARLY_TILES=2" bash bench/micro/racecheck_variants.sh [OUT]
+# (The twentieth session ran it with -DMUSE_ATTN2_EARLY_PUSH=0 and -DMUSE_ATTN2_REG_PUSH=0,
+# switches since removed: commit e5baac1 has them.)
 . bench/device_env.sh racecheck "${1:-}"
 FILTER=${FILTER:-Attn2Gpu.OneRequestSplitPath}
 for f in src/attn2/attn2_host.cc src/reference/attn2_ref.cc src/reference/bf16.cc src/common/tensor.cc src/common/arch.cc tests/gpu/test_attn2_gpu.cc; do

@@ -156,22 +156,15 @@ constexpr int kWgStages = 3;                                // per warpgroup
 #endif
 [[maybe_unused]] constexpr int kEarlyTiles = MUSE_ATTN2_EARLY_TILES;
 // One slice with up to twice as many tiles as warpgroups: the two-tile
-// warpgroups take the oldest tiles in pairs (see r_two); 0 (token bl0):
-// round-robin, as at every other length.
-#ifndef MUSE_ATTN2_BLOCKED
-#define MUSE_ATTN2_BLOCKED 1
-#endif
+// warpgroups take the oldest tiles in pairs (see r_two), not round-robin as
+// at every other length.
 // One-slice kernel, one tile more than warpgroups, and that tile holds at
 // most kTailPages pages (a 2048-key window: 129 or 130 pages, 32 x 4 + 1 or
 // 2): its keys join the passes of whole tiles in pieces of 8 (below),
-// instead of any warpgroup taking two whole tiles; 0 (token tl0): the pairs
-// of MUSE_ATTN2_BLOCKED. (Before v25 the tail was a pass of its own after
+// instead of any warpgroup taking two whole tiles (the pairs above). (Before v25 the tail was a pass of its own after
 // warpgroup 0's tile, removed in the thirteenth session; v25's whole tail
 // in the last warpgroup's pass (m64n64 + m64n32) was removed in the
 // fourteenth; bench/NOTES-attn2.md.)
-#ifndef MUSE_ATTN2_TAIL
-#define MUSE_ATTN2_TAIL 1
-#endif
 [[maybe_unused]] constexpr int kTailPages = 2;  // (the mma.sync path never uses it)
 // The odd tile in pieces of 8 keys (2 per page), each joining the pass of
 // one warpgroup's own tile as N = 8 (S m64n64 + m64n8, one softmax over 72
@@ -187,37 +180,18 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // pieces' copies go before griddepcontrol.wait with their warpgroups' own
 // tiles, and none of them waits for a post-wait copy. Pieces wholly below
 // the window are dropped; the rest go to the second warpgroups of the first
-// CTAs. 0 (token th0): the extra pages at the new end (v31).
-#ifndef MUSE_ATTN2_TAIL_HEAD
-#define MUSE_ATTN2_TAIL_HEAD 1
-#endif
+// CTAs (v31 had them at the new end).
 // A piece's pass masks its tile only where tile_ready says the tile needs it
-// (the piece always); 0 (token pm0): all 72 keys.
-#ifndef MUSE_ATTN2_PIECE_MASK
-#define MUSE_ATTN2_PIECE_MASK 1
-#endif
+// (the piece always), not all 72 keys.
 // A warpgroup's tiles after its first: softmax against the row max it holds
-// (later_softmax, v37); 0 (token fr0): every tile its own row max and O's
-// rescale, as up to v36.
-#ifndef MUSE_ATTN2_LATER_MAX
-#define MUSE_ATTN2_LATER_MAX 1
-#endif
-// Which (slice, KV head) a cluster works on where every slice is in use (the
-// wgmma path's tile assignment); MUSE_ATTN2_INTERLEAVE=0 (token ix0): always
-// slice blockIdx.x / C of head blockIdx.y.
-#ifndef MUSE_ATTN2_INTERLEAVE
-#define MUSE_ATTN2_INTERLEAVE 1
-#endif
+// (later_softmax, v37), not every tile its own row max and O's rescale.
+// Where every slice is in use (one request, the wgmma path) the clusters'
+// (slice, KV head) interleave (see `interleaved` in the kernel), not slice
+// blockIdx.x / C of head blockIdx.y.
 // A first tile that holds this step's keys is copied in two parts, its older
-// pages before griddepcontrol.wait; 0 (token sn0): all of it after.
-#ifndef MUSE_ATTN2_SPLIT_NEWEST
-#define MUSE_ATTN2_SPLIT_NEWEST 1
-#endif
-// The interleaved slice's first page ids load with L's, not after it; 0
-// (token si0): loaded again once L says the slices interleave.
-#ifndef MUSE_ATTN2_INTERLEAVE_IDS
-#define MUSE_ATTN2_INTERLEAVE_IDS 1
-#endif
+// pages before griddepcontrol.wait, not all of it after.
+// The interleaved slice's first page ids load with L's, not after it.
+// (The older forms of each, and what they measured: bench/NOTES-attn2.md.)
 
 // How many tiles fewer per warpgroup the grid's last cluster takes, placed
 // late under PDL (idle_last_cluster: it started 2.5-3.5 us late in v14's
@@ -254,11 +228,8 @@ constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 /
 static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 
 // Where no warpgroup fills its last stage (short L), the push starts as soon
-// as the CTA's own key loop is done (see early_push); 0 (token ep0): once
-// every CTA of the cluster is past its loop.
-#ifndef MUSE_ATTN2_EARLY_PUSH
-#define MUSE_ATTN2_EARLY_PUSH 1
-#endif
+// as the CTA's own key loop is done (see early_push), not once every CTA of
+// the cluster is past its loop.
 // PDL trigger: where every key loop of the launch is short (the one-slice
 // kernel always, right after its wait: below; the general kernel where
 // early_push holds, known once L is read, before its wait), the next launch
@@ -270,7 +241,7 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 #define MUSE_ATTN2_EARLY_TRIGGER 1
 #endif
 // The one-slice kernels trigger right after their griddepcontrol.wait, not at
-// their start (1; 0, token tw0: at the start): launches then run at most two
+// their start: launches then run at most two
 // deep instead of as many as fit on the GPU (~8 of 32 CTAs; a call's CTAs
 // enter ~2.2 us before the previous call ends instead of ~20), and the
 // steady-state period is shorter (trace build, max_model_len 2048: median
@@ -278,10 +249,7 @@ static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 // against 3.29-3.34, window 3.47-3.50 against 3.50-3.51. (The same in the
 // general kernel where early_push holds: 2k and 8k 0.1 us slower.) The wgmma
 // path only: the mma.sync path waits first thing and triggers at its start.
-#ifndef MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT
-#define MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT 1
-#endif
-constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE_TRIGGER_AFTER_WAIT;
+constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH;
 // Clusters of 16 (wgmma path, rows of 32 merger threads): the cluster
 // merge's push goes straight from the first warpgroup's registers (each
 // thread's 2 rows x 16 columns, 2 x 16 bytes per row; the receive area in
@@ -290,10 +258,8 @@ constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE
 // in shared memory; the mergers map positions back to columns (v34, one-slice
 // kernels: window -0.04 us, max_model_len 2048 -0.05; then 8k lost 0.1 in the
 // general kernel; v39, the general kernel too: 2k -0.06, 8k +0.02, 32k and
-// 128k the same). 0 (token rp0): through shared memory.
-#ifndef MUSE_ATTN2_REG_PUSH
-#define MUSE_ATTN2_REG_PUSH 1
-#endif
+// 128k the same). Clusters of 8 (4 columns per merger thread) and the
+// mma.sync path push through shared memory.
 // The cluster barrier's arrival that opens this CTA's receive area to the
 // other ranks' pushes is relaxed. It must publish the receive mbarrier's
 // initialisation, which fence.mbarrier_init.release.cluster after the init
@@ -301,15 +267,9 @@ constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE
 // and this CTA's reads of the stage under the receive area have all returned
 // by then (wgmma waited for, ldmatrix results consumed). The release form
 // compiles to MEMBAR.ALL.GPU on every thread, on the chain after the key
-// loop. (0: the release form, for an A/B.)
-#ifndef MUSE_ATTN2_ARRIVE_RELAXED
-#define MUSE_ATTN2_ARRIVE_RELAXED 1
-#endif
+// loop (v40: TP8 32k -0.3 us, 128k -0.4).
 // The gate's sigmoid before the cluster merge's wait where every loop is short
-// (below); 0 (token gh0): always after the merges.
-#ifndef MUSE_ATTN2_GATE_EARLY
-#define MUSE_ATTN2_GATE_EARLY 1
-#endif
+// (below), else after the merges.
 
 // Split merge: the partials' words carry their own "written" mark (see the
 // kernel's split path), and the merger merges each round in two passes, the
@@ -317,19 +277,12 @@ constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH && MUSE_ATTN2_ONE_SLICE
 // grid is co-resident (p.resident), the last active slice merges by polling,
 // without the ticket: at 8k it holds the step's newest keys (copied after the
 // wait) and so tends to finish last (v28: 0.05-0.1 us before slice 0 there);
-// 0 (token fm0): always the ticket.
-#ifndef MUSE_ATTN2_FIXED_MERGER
-#define MUSE_ATTN2_FIXED_MERGER 1
-#endif
+// elsewhere the CTA with the last ticket merges.
 // The work after the key loop (the cluster merge of a CTA's rows, the split
 // merge, the o-norm and gate) runs on 32 threads per row with 2 columns each
 // where the first warpgroup has that many threads (clusters of 16: 4 rows per
 // CTA), else on 16 threads with 4 columns: its chains are latency-bound, so
-// half the columns per thread shortens them. MUSE_ATTN2_WIDE_ROWS=0 (token
-// wr0): always 16 threads per row.
-#ifndef MUSE_ATTN2_WIDE_ROWS
-#define MUSE_ATTN2_WIDE_ROWS 1
-#endif
+// half the columns per thread shortens them.
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
@@ -450,7 +403,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The same with N = 8: d (64 x 8) of a piece of the odd tile (see MUSE_ATTN2_TAIL_HEAD).
+// The same with N = 8: d (64 x 8) of a piece of the odd tile (the window's odd pages, above).
 [[maybe_unused]] __device__ __forceinline__ void wgmma_ss(float (&d)[1][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %6, 0;\n\t"
@@ -717,11 +670,7 @@ __device__ __forceinline__ void allow_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_arrive_for_push() {
-#if MUSE_ATTN2_ARRIVE_RELAXED
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
 }
 
 // A grid that fills the GPU exactly has its last cluster placed last: after
@@ -735,30 +684,17 @@ __device__ __forceinline__ void cluster_arrive_for_push() {
 // With the slices interleaved (wgmma path, one request) the grid's last two
 // clusters are the last slice of the last two KV heads, and both are placed
 // late (TP8 128k trace: the previous call's mergers hold slots in two SM
-// groups until it ends); both then take fewer tiles (MUSE_ATTN2_LATE_TWO).
+// groups until it ends); both then take fewer tiles.
 // Depends only on the deployment and L: the merge order stays fixed.
-#ifndef MUSE_ATTN2_IDLE_LAST
-#define MUSE_ATTN2_IDLE_LAST 1  // 0: ignore the host's idle_last (A/B)
-#endif
-#ifndef MUSE_ATTN2_LATE_TWO
-#define MUSE_ATTN2_LATE_TWO 1
-#endif
-#ifndef MUSE_ATTN2_ONE_SLICE
-#define MUSE_ATTN2_ONE_SLICE 1  // a kernel of its own for one-slice launches (attn2_kernel's kOneSlice)
-#endif
 // One-slice launches without a window (max_model_len <= 2048) run a kernel
 // of their own (attn2_kernel's kWindow = false), without the window's code:
 // its tail (only a window makes a one-slice tail) and its masks. TP8
 // max_model_len 2048: 3.60-3.62 -> 3.41-3.42 us (v32). The general kernel's
-// counterpart measured within noise at 2k-128k and is not built. 0 (token
-// wk0): the window's one-slice kernel for both.
-#ifndef MUSE_ATTN2_WINDOW_KERNEL
-#define MUSE_ATTN2_WINDOW_KERNEL 1
-#endif
+// counterpart measured within noise at 2k-128k and is not built.
 __device__ __forceinline__ bool idle_last_cluster(const Attn2Params& p, int active, int kvh, int req,
                                                   bool interleaved = false) {
-  const int late_heads = interleaved && MUSE_ATTN2_LATE_TWO ? 2 : 1;
-  return MUSE_ATTN2_IDLE_LAST && p.idle_last && active == p.num_splits && active > 2 &&
+  const int late_heads = interleaved ? 2 : 1;
+  return p.idle_last && active == p.num_splits && active > 2 &&
          kvh >= p.num_kv_heads - late_heads && req == p.num_reqs - 1;
 }
 
@@ -919,16 +855,15 @@ __device__ __forceinline__ unsigned long long global_ns() {
 #endif
 
 // kOneSlice: the launch has one slice (num_splits 1: max_model_len <= 2048 or
-// a window), so the split path and its slice logic are compiled out
-// (MUSE_ATTN2_ONE_SLICE=0, token os0: always the general kernel). kWindow:
-// the launch may have a window; false for one-slice launches without one
-// (MUSE_ATTN2_WINDOW_KERNEL), whose kernel then has neither the window's
+// a window), so the split path and its slice logic are compiled out.
+// kWindow: the launch may have a window; false for one-slice launches
+// without one, whose kernel then has neither the window's
 // tail nor its masks and block-table offsets.
 template <int kCluster, bool kOneSlice, bool kWindow = true>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
   // later_softmax where a warpgroup can hold more than one tile (not in the
   // one-slice kernels, whose extra keys go to a piece pass instead).
-  [[maybe_unused]] constexpr bool kLaterMax = MUSE_ATTN2_LATER_MAX && !kOneSlice;
+  [[maybe_unused]] constexpr bool kLaterMax = !kOneSlice;
   static_assert(kRows % kCluster == 0 && kRows / kCluster * 16 <= kRowWarps * 32,
                 "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
 
@@ -996,13 +931,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // Loads that do not depend on L go first, so that they overlap its latency:
   // the consumers' 16 Q rows, the gate of the rows this CTA finishes.
   constexpr int kMergeRows = kRows / kCluster;
-  // kRowThreads threads per merged row, kCols columns each (MUSE_ATTN2_WIDE_ROWS).
-  constexpr int kRowThreads = MUSE_ATTN2_WIDE_ROWS && kMergeRows * 32 <= kRowWarps * 32 ? 32 : 16;
+  // kRowThreads threads per merged row, kCols columns each.
+  constexpr int kRowThreads = kMergeRows * 32 <= kRowWarps * 32 ? 32 : 16;
   constexpr int kCols = kHeadDim / kRowThreads;
   const bool merger = threadIdx.x < kMergeRows * kRowThreads;
   const int row = rank * kMergeRows + threadIdx.x / kRowThreads;  // = local head * 8 + token
   const int d = (threadIdx.x % kRowThreads) * kCols;  // position in the merged row (workspace, receive area)
-  constexpr bool kRegPush = MUSE_ATTN2_REG_PUSH && MUSE_ATTN2_WGMMA_PATH && kCols == 2;
+  constexpr bool kRegPush = MUSE_ATTN2_WGMMA_PATH && kCols == 2;
   // Its columns: the same, or (kRegPush) position 32h + 8q + 2j holds the
   // pair of columns 8n + 2q with n = 4h + j (lane quad q's n-tile n).
   const int dc = kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d;
@@ -1049,7 +984,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     return id;
   };
   ids0 = load_ids0(vme);
-#if MUSE_ATTN2_INTERLEAVE && MUSE_ATTN2_INTERLEAVE_IDS
   // The interleaved slice's first tile too (below; whether it applies depends
   // on L, which slice it is does not), so that no second block-table load
   // waits for L: TP8 128k, the first copies 0.5 us sooner.
@@ -1057,7 +991,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int ids0_il = !kOneSlice && gridDim.z == 1 && p.num_splits > 1
                           ? load_ids0(2 * (split_il * kCluster + rank) + kh)
                           : -1;
-#endif
 #else
   int ids0 = -1;  // warp 0, lanes 0-7: page ids of this CTA's first group
   if (warp == 0 && p.window == 0 && lane < kGroupPages) {
@@ -1092,7 +1025,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   constexpr int kSliceTiles = kSlicePages / kTilePages * kCluster;
   active = kOneSlice ? 1 : max(1, min(p.num_splits, (num_tiles + kSliceTiles - 1) / kSliceTiles));
   bool interleaved = false;
-#if MUSE_ATTN2_INTERLEAVE
   // Clusters are placed in launch order (x, then y): with one request and
   // every slice in use, at least 4 tiles per warpgroup on average, cluster c
   // (in that order) takes slice c / KVH of KV head c % KVH instead of slice x
@@ -1110,13 +1042,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     kvh = c % p.num_kv_heads;
     head = kvh * kHeadsPerKvHead + row / kVerifyLen;
     vme = 2 * (split * kCluster + rank) + kh;
-#if MUSE_ATTN2_INTERLEAVE_IDS
     ids0 = ids0_il;  // (split == split_il)
-#else
-    ids0 = load_ids0(vme);  // the first tile's page ids again, for this slice
-#endif
   }
-#endif
   // The grid's last cluster (interleaved: its last two), placed late
   // (idle_last_cluster): its warpgroups take only the first late_rounds
   // rounds of the round-robin, kLateTiles fewer than the others' whole
@@ -1142,20 +1069,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // 2055 keys: 33 tiles for 32 warpgroups): the first r warpgroups take two
   // tiles each, the oldest ones in pairs, both copied before the wait, and
   // the others one each, so that the newest tile (this step's keys, copied
-  // only after the wait) is never a warpgroup's second (MUSE_ATTN2_BLOCKED).
-  const bool tail = MUSE_ATTN2_TAIL && kOneSlice && kWindow && num_tiles == wgs + 1 &&
+  // only after the wait) is never a warpgroup's second.
+  const bool tail = kOneSlice && kWindow && num_tiles == wgs + 1 &&
                     last_page - first_page + 1 - kTilePages * (num_tiles - 1) <= kTailPages;
-  // The odd tile (`tail`: 1-2 pages) goes at the window's old end
-  // (MUSE_ATTN2_TAIL_HEAD), in pieces of 8 keys (`piece`), one to each of the
+  // The odd tile (`tail`: 1-2 pages) goes at the window's old end (above),
+  // in pieces of 8 keys (`piece`), one to each of the
   // second warpgroups of the first CTAs, copied before the wait with their
-  // own tiles; in the A/B form (th0, v31) at its new end, to the second
-  // warpgroups of the last 2 CTAs per page (one warpgroup per CTA waits for
-  // the tail's copy, the other starts at once). has_piece: this warpgroup's
-  // second tile is the odd one.
-  // Tile g's pages: tile_page0 + 4 g .. (MUSE_ATTN2_TAIL_HEAD: tile 0 is the
+  // own tiles (v33; v31 had them at its new end). has_piece: this
+  // warpgroup's second tile is the odd one.
+  // Tile g's pages: tile_page0 + 4 g .. (with a window's odd pages: tile 0 is the
   // extra pages, its slots below first_page empty, and the whole tiles 1 ..).
-  constexpr bool kHeadTiles = MUSE_ATTN2_TAIL_HEAD && kOneSlice && kWindow;  // (tile 0's slots may be empty)
-#if MUSE_ATTN2_TAIL_HEAD
+  constexpr bool kHeadTiles = kOneSlice && kWindow;  // (tile 0's slots may be empty)
   const int head_pages = tail ? last_page - first_page + 1 - kTilePages * (num_tiles - 1) : 0;
   const int tile_page0 = first_page + (tail ? head_pages - kTilePages : 0);
   const int head_skip = (lo - first_page * kPageSize) / 8;  // pieces wholly below the window (0 or 1)
@@ -1163,18 +1087,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   const int piece = (vme - 1) / 2;
   const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the head
   const int piece_at = (kTilePages - head_pages) * 2 + head_skip + piece;  // in 8-key rows of its stage
-#else
-  const int tile_page0 = first_page;
-  const int num_pieces = 2 * (last_page - first_page + 1 - kTilePages * (num_tiles - 1));
-  const int piece = (wgs - 1 - vme) / 2;
-  const bool has_piece = tail && vme % 2 == 1 && piece < num_pieces;  // its second tile is the tail
-  const int piece_at = piece;
-#endif
+  // (`true &&` here and in `fixed` below: the form the compiler saw while
+  // both were A/B switches; without it, it emits other code for these
+  // kernels, the window layer's 0.06 us slower: bench/NOTES-attn2.md,
+  // twentieth session.)
   const int r_two =
-      !tail && MUSE_ATTN2_BLOCKED && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
+      !tail && true && active == 1 && num_tiles > wgs && num_tiles <= 2 * wgs ? num_tiles - wgs : 0;
   // This warpgroup's tile j (pair-relative index).
   auto tile_of = [&](int j) {
-    if (tail) return j == 0 ? vme + MUSE_ATTN2_TAIL_HEAD : MUSE_ATTN2_TAIL_HEAD ? 0 : num_tiles - 1;
+    if (tail) return j == 0 ? vme + 1 : 0;
     if (r_two > 0) return vme < r_two ? 2 * vme + j : vme + r_two;
     return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme;
   };
@@ -1191,7 +1112,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     const int rest = num_tiles - late_rounds * wgs;
     my_tiles = late_rounds + (rest > vme ? (rest - 1 - vme) / wn + 1 : 0);
   }
-#if MUSE_ATTN2_EARLY_PUSH
   // No warpgroup of the cluster takes more than kWgStages - 1 tiles (the
   // same for all of its CTAs: it depends on L and the grid only), so none
   // ever fills its last stage, where the receive area lies: every CTA may
@@ -1203,7 +1123,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   early_push = late_rounds == INT_MAX && num_tiles <= (kWgStages - 1) * wgs;
   if (early_push) cluster_arrive_for_push();
   if (!kOneSlice && MUSE_ATTN2_EARLY_TRIGGER && early_push) allow_dependents();  // (the call after the loop then does nothing)
-#endif
   TRACE(30);
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
   // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
@@ -1269,13 +1188,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       ids0 = bt[tile_page0 + tile_of(0) * kTilePages + lane];
     ids_next = load_batch(1);
     TRACE_DEP(31, ids0);  // (the first tile's ids arrived)
-    const int early = r_two > 0 || (MUSE_ATTN2_TAIL_HEAD && has_piece) ? 2 : kEarlyTiles;
+    const int early = r_two > 0 || has_piece ? 2 : kEarlyTiles;
 #ifdef MUSE_ATTN2_DIAG_NEWEST_EARLY  // timing only: this step's tile copied before the wait too (the bench never writes it)
     while (issued < min(ring, early)) issue(issued++);
 #else
     while (issued < min(ring, early) && tile_page0 + (tile_of(issued) + 1) * kTilePages - 1 < first_new_page)
       issue(issued++);
-#if MUSE_ATTN2_SPLIT_NEWEST
     // Tile 0 holds this step's keys (a warpgroup's only tile at short L): its
     // older pages now, the whole tile's bytes expected on its barrier, and
     // only the page(s) with the step's keys after the wait (issued -1 says so).
@@ -1288,7 +1206,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       if (ok && pi < first_new_page) copy_page(kh * kWgStages, ids0);
       issued = -1;
     }
-#endif
 #endif
     TRACE(28);
   }
@@ -1303,14 +1220,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
 #endif
   if (kOneSlice && MUSE_ATTN2_EARLY_TRIGGER == 1 && kTriggerAfterWait) allow_dependents();
   if (rw == 0) {
-#if MUSE_ATTN2_SPLIT_NEWEST
     if (issued < 0) {  // tile 0's pages with this step's keys
       const int pi = tile_page0 + tile_of(0) * kTilePages + lane;
       if (lane < kTilePages && pi <= last_page && pi >= first_new_page && ids0 >= 0 && ids0 < p.num_pages)
         copy_page(kh * kWgStages, ids0);
       issued = 1;
     }
-#endif
     while (issued < ring) issue(issued++);
   }
   TRACE(29);
@@ -1432,22 +1347,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
         wgmma_wait<0>();
         pin(s_acc);
         pin(t_acc);
-#if MUSE_ATTN2_PIECE_MASK
         // Masks where they apply: the piece always, the tile if tile_ready says so.
         const int keyp = key0b + piece_at * 8;
         mask_if(s_acc, key0, masked);
         mask_tile(t_acc, [&](int, int e) { return keyp + col + (e & 1); }, pos, window);
-#endif
         float w[9][4];  // the 72 keys' scores, then their P
 #pragma unroll
         for (int t = 0; t < 9; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) w[t][e] = t < 8 ? s_acc[t][e] : t_acc[0][e];
         // (The first tile of the warpgroup: O is 0, alpha 0, no rescale.)
-#if !MUSE_ATTN2_PIECE_MASK
-        const int keyp = key0b + piece_at * 8;
-        mask_tile(w, [&](int t, int e) { return (t < 8 ? key0 + t * 8 : keyp) + col + (e & 1); }, pos, window);
-#endif
         online_softmax(w, m_run, l_run, alpha);
         // The piece's k-step: its page's 16 keys, the other 8 at P = 0.
         uint32_t pb[1][4];
@@ -1808,7 +1717,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   float sg[kCols];  // the merger threads' gate, sigmoid applied
   // (Where loops are short, while the merges are in flight; after them at long
   // L, where computing it here made TP8 128k 0.6 us slower, 32k 0.15.)
-  const bool gate_early = MUSE_ATTN2_GATE_EARLY && (kOneSlice || early_push);
+  const bool gate_early = kOneSlice || early_push;
   if (gate_early && merger) gate_sigmoid(s_gate[threadIdx.x], sg);
   float acc[kCols];
 #pragma unroll
@@ -1875,7 +1784,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // L2 round trip sooner than the ticket's answer. It waits only for CTAs
   // that wait for nothing (every other slice stores and leaves), and all of
   // them fit on the GPU beside it, so it cannot wait forever.
-  const bool fixed = MUSE_ATTN2_FIXED_MERGER && p.resident;
+  const bool fixed = true && p.resident;  // (`true &&`: see r_two)
   const int merge_split = active - 1;
   if (merger && !(fixed && split == merge_split)) {  // (the merger's own rows are not read back: they stay in registers)
     const int64_t at = slice0 + static_cast<int64_t>(split) * kRows + row;
@@ -2031,9 +1940,9 @@ cudaError_t launch(const Attn2Params& p, cudaStream_t stream) {
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape{dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads),
                                   kDynSmemBytes, kCluster, p.pdl};
-  if (MUSE_ATTN2_ONE_SLICE && MUSE_ATTN2_WINDOW_KERNEL && p.num_splits == 1 && p.window == 0)
+  if (p.num_splits == 1 && p.window == 0)
     return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, true, false>>(shape, stream, map, p));
-  if (MUSE_ATTN2_ONE_SLICE && p.num_splits == 1)
+  if (p.num_splits == 1)
     return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, true>>(shape, stream, map, p));
   return static_cast<cudaError_t>(detail::launch_kernel<attn2_kernel<kCluster, false>>(shape, stream, map, p));
 }
@@ -2052,8 +1961,8 @@ cudaError_t set_attributes_of() {
 template <int kCluster>
 cudaError_t set_attributes() {
   cudaError_t err = set_attributes_of<kCluster, false>();
-  if (err == cudaSuccess && MUSE_ATTN2_ONE_SLICE) err = set_attributes_of<kCluster, true>();
-  if (err == cudaSuccess && MUSE_ATTN2_ONE_SLICE && MUSE_ATTN2_WINDOW_KERNEL) err = set_attributes_of<kCluster, true, false>();
+  if (err == cudaSuccess) err = set_attributes_of<kCluster, true>();
+  if (err == cudaSuccess) err = set_attributes_of<kCluster, true, false>();
   return err;
 }
 
