@@ -128,6 +128,31 @@ int main() {
   cudaEventCreate(&e1);
   const char* names[3] = {"tma2", "tma1", "bulk"};
   std::printf("SMs %d, clock %.2f GHz\n", sms, clk_khz / 1e6);
+  // One configuration: the median of 7 launches, printed as a row (`col4`:
+  // CTAs per SM or issuing warps). False if a launch failed.
+  auto measure = [&](int used, int grid, int threads, int smem_req, int pages, int stages, int mode, unsigned seed,
+                     int issuers, bool hot, int col4) {
+    constexpr int tiles = 192;
+    std::vector<float> ts;
+    for (int r = 0; r < 7; ++r) {
+      cudaEventRecord(e0);
+      stream<<<grid, threads, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, seed + r * 77u, issuers);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      ts.push_back(ms * 1e3f);
+    }
+    if (cudaGetLastError() != cudaSuccess) {
+      std::printf("launch failed (%s, %d)\n", names[mode], col4);
+      return false;
+    }
+    std::sort(ts.begin(), ts.end());
+    const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
+    std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, col4, stages, us,
+                bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
+    return true;
+  };
   std::printf("%-5s %-6s %5s %6s %6s %8s %8s %10s\n", "mode", "cache", "SMs", "CTA/SM", "stages", "us", "TB/s", "B/clk/SM");
   for (int hot = 0; hot < 2; ++hot)
     for (int used : {112, sms})
@@ -135,30 +160,11 @@ int main() {
         for (int stages : {3, 6, 12})
           for (int mode = 0; mode < 3; ++mode) {
             if (per_sm * stages * kTileBytes > 220 * 1024) continue;
-            const int grid = used * per_sm;
             const int smem = stages * kTileBytes + 1024;
             // per_sm == 2 needs two CTAs to fit; one CTA per SM: make it take the whole SM
             const int smem_req = per_sm == 1 ? std::max(smem, 120 * 1024) : smem;
             const int pages = hot ? 2048 : static_cast<int>(big_pages);
-            const int tiles = 192;
-            std::vector<float> ts;
-            for (int r = 0; r < 7; ++r) {
-              cudaEventRecord(e0);
-              stream<<<grid, 64, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 1234u + r * 77u, 1);
-              cudaEventRecord(e1);
-              cudaEventSynchronize(e1);
-              float ms = 0;
-              cudaEventElapsedTime(&ms, e0, e1);
-              ts.push_back(ms * 1e3f);
-            }
-            if (cudaGetLastError() != cudaSuccess) {
-              std::printf("launch failed (%s)\n", names[mode]);
-              return 4;
-            }
-            std::sort(ts.begin(), ts.end());
-            const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
-            std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, per_sm, stages,
-                        us, bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
+            if (!measure(used, used * per_sm, 64, smem_req, pages, stages, mode, 1234u, 1, hot, per_sm)) return 4;
           }
   std::printf("\none CTA per SM, W issuing warps\n%-5s %-6s %5s %6s %6s %8s %8s %10s\n", "mode", "cache", "SMs", "W",
               "stages", "us", "TB/s", "B/clk/SM");
@@ -167,26 +173,9 @@ int main() {
       for (int issuers : {1, 2, 4})
         for (int stages : {4, 8, 12})
           for (int mode = 1; mode < 3; ++mode) {
-            const int grid = used, smem_req = std::max(stages * kTileBytes + 1024, 120 * 1024);
-            const int pages = hot ? 2048 : static_cast<int>(big_pages), tiles = 192;
-            std::vector<float> ts;
-            for (int r = 0; r < 7; ++r) {
-              cudaEventRecord(e0);
-              stream<<<grid, 128, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, 4321u + r * 77u, issuers);
-              cudaEventRecord(e1);
-              cudaEventSynchronize(e1);
-              float ms = 0;
-              cudaEventElapsedTime(&ms, e0, e1);
-              ts.push_back(ms * 1e3f);
-            }
-            if (cudaGetLastError() != cudaSuccess) {
-              std::printf("launch failed (%s, W %d)\n", names[mode], issuers);
-              return 4;
-            }
-            std::sort(ts.begin(), ts.end());
-            const double us = ts[3], bytes = double(grid) * tiles * kTileBytes;
-            std::printf("%-5s %-6s %5d %6d %6d %8.2f %8.2f %10.1f\n", names[mode], hot ? "L2" : "DRAM", used, issuers, stages,
-                        us, bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
+            const int smem_req = std::max(stages * kTileBytes + 1024, 120 * 1024);
+            const int pages = hot ? 2048 : static_cast<int>(big_pages);
+            if (!measure(used, used, 128, smem_req, pages, stages, mode, 4321u, issuers, hot, issuers)) return 4;
           }
   return 0;
 }
