@@ -430,6 +430,11 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+#if MUSE_ATTN2_WGMMA_PATH  // (scores_again)
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+#endif
 
 #if !MUSE_ATTN2_WGMMA_PATH
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
@@ -595,9 +600,9 @@ __device__ __forceinline__ void scores_again(float (&s)[8][4], uint32_t q_tile, 
     const uint32_t kb = k_row + (((2 * ks + (lane / 8) % 2) ^ sw) << 4);
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      uint32_t b0, b1;
-      asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(kb + t * 1024));
-      mma_bf16(s[t], a, b0, b1);
+      uint32_t b[2];
+      ldmatrix_x2(b, kb + t * 1024);
+      mma_bf16(s[t], a, b[0], b[1]);
     }
   }
 }
