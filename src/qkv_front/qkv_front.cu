@@ -45,12 +45,21 @@
 #include <cstdint>
 
 #include "../common/launch.cuh"
+#include "../common/sm90_mbarrier.cuh"
 #include "../common/tensor_map_cache.h"
 #include "muse_decode/qkv_front.h"
 #include "qkv_front_tuning.h"
 
 namespace muse_decode {
 namespace {
+
+using detail::map_to_rank;
+using detail::mbar_arrive;
+using detail::mbar_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait;
+using detail::mbar_wait_cluster;
+using detail::smem_addr;
 
 // Tuning knobs, for timing experiments (bench/NOTES-qkv_front.md); the
 // library is built with the defaults. Run-time knobs: qkv_front_tuning.h.
@@ -155,52 +164,7 @@ struct ClusterLayout {
 };
 
 // ---------------------------------------------------------------------------
-// PTX wrappers.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// The same wait, acquiring at cluster scope: what other CTAs of the cluster
-// stored into this CTA's shared memory (st.async completing on this barrier)
-// is visible after it.
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
+// PTX wrappers (the shared-memory barriers and mapa: ../common/sm90_mbarrier.cuh).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
@@ -257,24 +221,10 @@ __device__ __forceinline__ uint32_t cluster_id_x() {
 // exit without waiting are not waited for. The arrival is relaxed: what it
 // publishes is the barrier inits, which fence.mbarrier_init.release.cluster
 // already releases (the PTX ISA's pattern); the release form compiles to a
-// MEMBAR.ALL.GPU per thread in front of the first copies. (0: release, A/B.)
-#ifndef MUSE_QKV_FRONT_ARRIVE_RELAXED
-#define MUSE_QKV_FRONT_ARRIVE_RELAXED 1
-#endif
-__device__ __forceinline__ void cluster_arrive() {
-#if MUSE_QKV_FRONT_ARRIVE_RELAXED
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-#else
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#endif
-}
+// MEMBAR.ALL.GPU per thread in front of the first copies (TP8 0.15-0.2 us:
+// bench/NOTES-qkv_front.md).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
-// The shared::cluster address of this CTA's shared address `addr` in CTA `rank`.
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
 // 16 bytes into another CTA's shared memory, counted on its mbarrier.
 __device__ __forceinline__ void st_async_v4(uint32_t remote, float x, float y, float z, float w, uint32_t remote_bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(

@@ -20,10 +20,17 @@
 #include <cstdint>
 
 #include "../common/launch.cuh"
+#include "../common/sm90_mbarrier.cuh"
 #include "muse_decode/route.h"
 
 namespace muse_decode {
 namespace {
+
+using detail::map_to_rank;
+using detail::mbar_expect_tx;
+using detail::mbar_init;
+using detail::mbar_wait_cluster;
+using detail::smem_addr;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -64,14 +71,8 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank`.
-__device__ __forceinline__ uint32_t in_rank(const void* p, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(r)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(rank));
-  return r;
-}
+// The shared::cluster address of `p` (this CTA's shared memory) in CTA 0.
+__device__ __forceinline__ uint32_t in_cta0(const void* p) { return map_to_rank(smem_addr(p), 0); }
 // An OR into another CTA's shared word, completing 4 bytes on its mbarrier.
 __device__ __forceinline__ void or_async(uint32_t word, uint32_t bits, uint32_t bar) {
   asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.or.b32 [%0], %1, [%2];" ::"r"(word),
@@ -111,11 +112,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       s_slot[e][0] = 0u;
       s_slot[e][1] = 0u;
       if (e == 0 && gridDim.x > 1) {
-        const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        mbar_init(smem_addr(&s_published), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(gridDim.x * kPublishBytes)
-                     : "memory");
+        mbar_expect_tx(smem_addr(&s_published), gridDim.x * kPublishBytes);
       }
     }
     // "Started", and CTA 0's zeroed tables and initialised barrier visible to
@@ -183,13 +182,13 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
           atomicOr(&s_routed[j / 32], 1u << (j % 32));
         }
       } else {
-        const uint32_t bar = in_rank(&s_published, 0);
+        const uint32_t bar = in_cta0(&s_published);
         if (!elsewhere) {
-          or_async(in_rank(&s_slot[j][t / 4], 0), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
-          or_async(in_rank(&s_tokens[j], 0), 1u << t, bar);
-          or_async(in_rank(&s_routed[j / 32], 0), 1u << (j % 32), bar);
+          or_async(in_cta0(&s_slot[j][t / 4]), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
+          or_async(in_cta0(&s_tokens[j]), 1u << t, bar);
+          or_async(in_cta0(&s_routed[j / 32]), 1u << (j % 32), bar);
         } else {
-          const uint32_t sink = in_rank(&s_sink, 0);
+          const uint32_t sink = in_cta0(&s_sink);
           for (int k = 0; k < 3; ++k) or_async(sink, 0u, bar);
         }
       }
@@ -204,19 +203,10 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 
   // ---- metadata, in the cluster's first CTA: thread j owns local expert j ----
   if (t != 0) return;  // (its ORs need no wait: only CTA 0's shared memory is written, and CTA 0 waits)
-  if (gridDim.x == 1) {
+  if (gridDim.x == 1)
     __syncthreads();
-  } else {
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_published));
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, "
-          "p;\n\t}"
-          : "=r"(done)
-          : "r"(bar)
-          : "memory");
-  }
+  else
+    mbar_wait_cluster(smem_addr(&s_published), 0);  // every token's ORs landed (phase 0)
   int32_t* const md = p.metadata;
   const int j = threadIdx.x;
   const int tile = p.tile_n;
