@@ -18,7 +18,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # lm<N> (from N round-robin rounds on; below, its full share),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
             # ns (timing only, wrong results: no softmax, P = S / 1000), nm (no row max: 0),
-            # nl (no row sums),
+            # nl (no row sums), xm (no S, softmax or P V: the tiles only waited for; the merges
+            # then fold to constants), xs (no S: every score 0), xv (no P V),
+            # xk (no key copied: every stage ready at once, the math on what shared memory holds),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
             # this step's tile read before griddepcontrol.wait).
             # The A/B switches of settled choices (fm0, wr0, ep0, tw0, gh0, si0, sn0, tl0, th0, pm0,
@@ -44,6 +46,10 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       ns) f="$f -DMUSE_ATTN2_DIAG_NO_SOFTMAX";;
       nm) f="$f -DMUSE_ATTN2_DIAG_NO_MAX";;
       nl) f="$f -DMUSE_ATTN2_DIAG_NO_SUM";;
+      xm) f="$f -DMUSE_ATTN2_DIAG_NO_MATH";;
+      xk) f="$f -DMUSE_ATTN2_DIAG_NO_COPY";;
+      xs) f="$f -DMUSE_ATTN2_DIAG_NO_S";;
+      xv) f="$f -DMUSE_ATTN2_DIAG_NO_PV";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac

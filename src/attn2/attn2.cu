@@ -1146,12 +1146,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   int ids = -1, ids_next = -1;
   // Stage s expects the bytes of the tile's pages this warp's lanes copy (ok).
   auto arm_stage = [&](int s, bool ok) {
+#ifdef MUSE_ATTN2_DIAG_NO_COPY  // timing only (wrong results): no key copied, every stage ready at once
+    ok = false;
+#endif
     const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
     if (lane == 0) mbar_arrive_expect_tx(&full_bar[s], __popc(ok_mask) * kPageBytes);
     __syncwarp();
   };
   // This lane's page (K and V boxes of page id) into its slot of stage s.
   auto copy_page = [&](int s, int id) {
+#ifdef MUSE_ATTN2_DIAG_NO_COPY
+    return;
+#endif
     const uint32_t dst = stage_addr(s) + lane * (kHalfBytes / kTilePages);
     tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, id, &full_bar[s], policy);               // K of the page
     tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
@@ -1284,18 +1290,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     // S = Q K^T: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
     auto issue_s = [&](auto& acc, int s) {
       wgmma_fence();
+#ifdef MUSE_ATTN2_DIAG_NO_S  // timing only (wrong results): no S = Q K^T, every score 0
+#pragma unroll
+      for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#else
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss(acc, sw128_desc(q_tile + ks * 32, 16, 1024), sw128_desc(stage_addr(s) + ks * 32, 16, 1024), ks);
+#endif
       wgmma_commit();
     };
     // O += P V: k-step kk covers keys 16kk .. 16kk + 15 (2048 bytes of V rows),
     // asynchronous.
     auto issue_pv = [&](int s) {
       wgmma_fence();
+#ifndef MUSE_ATTN2_DIAG_NO_PV  // (timing only, wrong results: no O += P V)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
         wgmma_rs(o, pa[kk], sw128_desc(stage_addr(s) + kHalfBytes + kk * 2048, kHalfBytes, 1024));
+#endif
       wgmma_commit();
     };
     // The tile's masks (keys past a row's position or below its window), then
@@ -1328,7 +1341,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       float alpha[2];
       int s = tile_ready(0, key0, masked);
       PROBE(5);
+#ifndef MUSE_ATTN2_DIAG_NO_MATH
       issue_s(s_acc, s);
+#endif
       auto release = [&](int it, int st) {
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty_bar[st]);
@@ -1337,6 +1352,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
           issue(it + kWgStages);
         }
       };
+#ifdef MUSE_ATTN2_DIAG_NO_MATH  // timing only (wrong results): every tile waited for and released, no S, softmax or P V
+      if (has_piece) {
+        tile_ready(1, key0, masked);
+        release(0, s);
+      } else {
+        for (int it = 0; it < my_tiles; ++it) {
+          if (it > 0) s = tile_ready(it, key0, masked);
+          release(it, s);
+        }
+      }
+      if (false)
+#endif
       if (has_piece) {  // (warpgroup-uniform) one pass over the tile and its piece: 64 + 8 keys
         int key0b;
         bool maskedb;
