@@ -10,6 +10,11 @@
 // CTAs per SM, and ring depths; then, one CTA per SM, the ring split over 1,
 // 2 or 4 issuing warps (warp w takes tiles t = w mod W on its own stages):
 // is one CTA's ~20 bytes per clock a limit of its single issuing warp?
+// Last, few SMs from DRAM (the one-slice design at 8k: 32 SMs, 8 tiles of
+// 16 KB per CTA): the copies' span inside the kernel (first CTA's start to
+// last CTA's end, %globaltimer), for 32 and 64 SMs, 8 and 64 tiles per CTA,
+// 1, 2 or 4 issuing warps and 3 to 12 stages: can 32 SMs pull 4 MB from DRAM
+// in well under 2 us with deeper rings?
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -37,8 +42,14 @@ __device__ __forceinline__ uint32_t hash(uint32_t x) {
 
 // mode 0 tma2, 1 tma1, 2 bulk
 __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_constant__ CUtensorMap map1,
-                       const char* cache, int pages, int tiles, int stages, int mode, unsigned seed, int issuers) {
+                       const char* cache, int pages, int tiles, int stages, int mode, unsigned seed, int issuers,
+                       unsigned long long* span) {
   extern __shared__ __align__(1024) uint8_t smem[];
+  if (span && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atomicMin(&span[0], t);
+  }
   __shared__ uint64_t full[16];
   const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
   const int kvh = blockIdx.x % kKvh;
@@ -88,6 +99,11 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
     issue(t);
   }
   for (int j = max(0, k - ring); j < k; ++j) mbar_wait(smem_u32(&full[w * ring + j % ring]), (j / ring) & 1);
+  if (span && lane == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atomicMax(&span[1], t);
+  }
 }
 
 int main() {
@@ -136,7 +152,7 @@ int main() {
     std::vector<float> ts;
     for (int r = 0; r < 7; ++r) {
       cudaEventRecord(e0);
-      stream<<<grid, threads, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, seed + r * 77u, issuers);
+      stream<<<grid, threads, smem_req>>>(map2, map1, cache, pages, tiles, stages, mode, seed + r * 77u, issuers, nullptr);
       cudaEventRecord(e1);
       cudaEventSynchronize(e1);
       float ms = 0;
@@ -176,6 +192,34 @@ int main() {
             const int smem_req = std::max(stages * kTileBytes + 1024, 120 * 1024);
             const int pages = hot ? 2048 : static_cast<int>(big_pages);
             if (!measure(used, used, 128, smem_req, pages, stages, mode, 4321u, issuers, hot, issuers)) return 4;
+          }
+  // Few SMs from DRAM, timed inside the kernel.
+  unsigned long long* span = nullptr;
+  if (cudaMalloc(&span, 2 * sizeof(unsigned long long)) != cudaSuccess) return 5;
+  std::printf("\nfew SMs from DRAM, one CTA per SM, timed inside the kernel (first start to last end)\n"
+              "%-5s %5s %6s %3s %6s %8s %8s %10s\n", "mode", "SMs", "tiles", "W", "stages", "us", "TB/s", "B/clk/SM");
+  for (int used : {32, 64})
+    for (int tiles : {8, 64})
+      for (int issuers : {1, 2, 4})
+        for (int stages : {3, 6, 12})
+          for (int mode : {0, 2}) {
+            if (stages < issuers) continue;
+            const int smem_req = std::max(stages * kTileBytes + 1024, 120 * 1024);
+            std::vector<double> ts;
+            for (int r = 0; r < 7; ++r) {
+              const unsigned long long init[2] = {~0ull, 0ull};
+              cudaMemcpy(span, init, sizeof(init), cudaMemcpyHostToDevice);
+              stream<<<used, 128, smem_req>>>(map2, map1, cache, static_cast<int>(big_pages), tiles, stages, mode,
+                                              999u + r * 31u, issuers, span);
+              unsigned long long got[2];
+              cudaMemcpy(got, span, sizeof(got), cudaMemcpyDeviceToHost);
+              ts.push_back((got[1] - got[0]) / 1e3);
+            }
+            if (cudaGetLastError() != cudaSuccess) return 6;
+            std::sort(ts.begin(), ts.end());
+            const double us = ts[3], bytes = double(used) * tiles * kTileBytes;
+            std::printf("%-5s %5d %6d %3d %6d %8.2f %8.2f %10.1f\n", names[mode], used, tiles, issuers, stages, us,
+                        bytes / us / 1e6, bytes / (us * 1e-6) / (clk_khz * 1e3) / used);
           }
   return 0;
 }
