@@ -1,0 +1,284 @@
+// How long does attn2's split-merge poll take? The merging CTA reads the
+// other slices' partial rows (ld.relaxed.gpu, words that mark themselves
+// written: 0 = not yet) until all are there. In the twenty-first session's
+// trace each poll took 1-1.6 us even with no other traffic. Here, on one GPU:
+//   A  the words were stored long before: one poll's round trip (16 loads per
+//      thread in flight, 128 threads, as attn2's merger at 32k);
+//   B  other CTAs store them now (st.relaxed.gpu, each after its own delay):
+//      the time from the last producer's store to the poll that saw it all;
+//   C  B with every other CTA streaming reads from DRAM meanwhile (the next
+//      call's early copies), including the one sharing the poller's SM;
+//   E  C without streaming on the poller's SM (is the wait in its own SM's
+//      memory pipeline or in the L2 and the crossbar?);
+//   F  C with the streams as bulk copies into shared memory (attn2's copies
+//      are TMA): loads polled as before;
+//   G  F with the poll itself one bulk copy per slot into shared memory,
+//      completing on an mbarrier;
+//   D  one load at a time (pointer chase over L2-resident lines): the bare
+//      L2 round trip, for scale.
+// Times from %globaltimer (32 ns steps), medians over 21 launches.
+//   nvcc -std=c++17 -O3 -arch=sm_90a -o poll bench/micro/poll_latency.cu && ./poll
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+constexpr int kSlots = 7;     // slices whose rows the merger reads (attn2 at 32k: the 6 others + 1 spare)
+constexpr int kRows = 4;      // rows a CTA of a cluster of 16 merges
+constexpr int kWords = 66;    // m, l, then 64 columns (floats)
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void st_relaxed(uint32_t* at, uint32_t a, uint32_t b) {
+  asm volatile("st.relaxed.gpu.global.v2.b32 [%0], {%1, %2};" ::"l"(at), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ uint2 ld_relaxed(const uint32_t* at) {
+  uint2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(at) : "memory");
+  return v;
+}
+
+// Block 0 polls; blocks 1..kSlots store one slot each (mode B, C) after
+// delay_ns * slot; the rest stream `bytes_each` from `stream` (mode C) or
+// leave. out[0]: first poll's return - start of polling; out[1]: the poll
+// that saw all - the last store; out[2]: polls.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, int delay_ns, const int4* stream,
+                                                        long long stream_elems, unsigned* arrive,
+                                                        unsigned long long* stamps, long long* out) {
+  const int b = blockIdx.x, t = threadIdx.x;
+  __shared__ __align__(128) uint8_t ring[8][4096];
+  __shared__ __align__(8) uint64_t bars[8];
+  if (t == 0)
+    for (int k = 0; k < 8; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[k])));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  // Everyone launched before anything is timed.
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  if (t == 0) {
+    if (b == 0) atomicExch(arrive + 1, smid + 1);
+    atomicAdd(arrive, 1u);
+    const unsigned long long t_in = now();
+    while (atomicAdd(arrive, 0u) < gridDim.x) {
+      if (now() - t_in > 200000000ull) __trap();  // 0.2 s: the grid is not all resident
+    }
+  }
+  __syncthreads();
+  const unsigned long long t0 = now();
+  if (b == 0) {
+    if (t >= 128) return;
+    const int row = t / 32, d = (t % 32) * 2;
+    int polls = 0;
+    unsigned long long first = 0, done = 0;
+    for (;;) {
+      bool written = true;
+      uint2 ml[kSlots], ov[kSlots];
+      if (mode == 5) {  // G: one bulk copy per slot (its 4 rows, contiguous) into ring, on bars[0]
+        const uint32_t bar = smem_u32(&bars[0]);
+        if (t == 0) {
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                       "r"(kSlots * kRows * kWords * 4)
+                       : "memory");
+          for (int s = 0; s < kSlots; ++s)
+            bulk_load(smem_u32(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4, bar);
+        }
+        mbar_wait(bar, polls & 1);
+        const uint32_t* sm = reinterpret_cast<const uint32_t*>(ring[0]);
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          const uint32_t* at = sm + (s * kRows + row) * kWords;
+          ml[s] = make_uint2(at[0], at[1]);
+          ov[s] = make_uint2(at[2 + d], at[3 + d]);
+        }
+        asm volatile("bar.sync 1, 128;" ::: "memory");  // the ring is refilled by the next poll
+      } else {
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          const uint32_t* at = ws + (s * kRows + row) * kWords;
+          ml[s] = ld_relaxed(at);
+          ov[s] = ld_relaxed(at + 2 + d);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) written = written && ml[s].x && ml[s].y && ov[s].x && ov[s].y;
+      const bool all = __all_sync(0xFFFFFFFFu, written);
+      const unsigned long long tp = now();
+      if (polls++ == 0) first = tp;
+      if (all) {
+        done = tp;
+        break;
+      }
+    }
+    if (t == 0) {
+      out[0] = static_cast<long long>(first - t0);
+      stamps[0] = done;
+      out[2] = polls;
+    }
+    return;
+  }
+  if (b <= kSlots) {
+    if (mode == 0) return;  // A: written before the launch
+    const int s = b - 1;
+    while (now() - t0 < static_cast<unsigned long long>(delay_ns) * (s + 1)) {
+    }
+    if (t < 128) {
+      const int row = t / 32, d = (t % 32) * 2;
+      uint32_t* at = ws + (s * kRows + row) * kWords;
+      if (d == 0) st_relaxed(at, 1u, 1u);
+      st_relaxed(at + 2 + d, 1u, 1u);
+    }
+    __syncthreads();
+    if (t == 0) stamps[1 + s] = now();
+    return;
+  }
+  if (mode >= 4) {  // F, G: the others stream by bulk copies, 8 x 4 KB in flight
+    const long long per = stream_elems * 16 / (gridDim.x - 1 - kSlots) / 4096;  // chunks
+    const char* p = reinterpret_cast<const char*>(stream) + (b - 1 - kSlots) * per * 4096;
+    if (t == 0) {
+      for (long long i = 0; i < per; ++i) {
+        const int k = static_cast<int>(i % 8);
+        const uint32_t bar = smem_u32(&bars[k]);
+        if (i >= 8) mbar_wait(bar, ((i - 8) / 8) & 1);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 4096;" ::"r"(bar) : "memory");
+        bulk_load(smem_u32(ring[k]), p + i * 4096, 4096, bar);
+      }
+      for (long long i = per > 8 ? per - 8 : 0; i < per; ++i) mbar_wait(smem_u32(&bars[i % 8]), (i / 8) & 1);
+    }
+    return;
+  }
+  if (mode == 2 || (mode == 3 && smid + 1 != atomicAdd(arrive + 1, 0u))) {  // C, E: the others stream from DRAM
+    int4 acc = make_int4(0, 0, 0, 0);
+    const long long per = stream_elems / (gridDim.x - 1 - kSlots);
+    const int4* p = stream + (b - 1 - kSlots) * per;
+    for (long long i = t; i < per; i += kThreads) {
+      const int4 v = p[i];
+      acc.x ^= v.x;
+    }
+    if (acc.x == 0x12345678) out[3] = acc.x;
+  }
+}
+
+// D: one load at a time over L2-resident lines (a ring of next indices, 256 B apart).
+__global__ void chase(const unsigned* next, int steps, long long* out) {
+  unsigned i = 0;
+  const unsigned long long t0 = now();
+  for (int k = 0; k < steps; ++k) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(i) : "l"(next + i) : "memory");
+  const unsigned long long t1 = now();
+  out[0] = static_cast<long long>(t1 - t0) / steps + (i == 0xFFFFFFFFu);
+}
+
+int main() {
+  setvbuf(stdout, nullptr, _IONBF, 0);
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  uint32_t* ws;
+  unsigned* arrive;
+  unsigned long long* stamps;
+  long long* out;
+  const long long stream_elems = (1ll << 30) / 16;  // 1 GB
+  int4* stream;
+  if (cudaMalloc(&ws, kSlots * kRows * kWords * 4) || cudaMalloc(&arrive, 8) || cudaMalloc(&stamps, 64 * 8) ||
+      cudaMalloc(&out, 8 * 8) || cudaMalloc(&stream, stream_elems * 16))
+    return 1;
+  cudaMemset(stream, 1, stream_elems * 16);
+  const int grid = 2 * sms;  // two CTAs per SM, as attn2's 224
+  // The start barrier needs every CTA resident: the whole carveout to shared memory.
+  cudaFuncSetAttribute(poll_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, poll_kernel, kThreads, 0);
+  if (per_sm * sms < grid) {
+    std::printf("only %d CTAs per SM fit\n", per_sm);
+    return 8;
+  }
+  auto run = [&](int mode, int delay_ns, double* first_us, double* after_last_us, double* polls) {
+    std::vector<double> f, a, np;
+    for (int r = 0; r < 21; ++r) {
+      cudaMemset(ws, mode == 0 ? 0xFF : 0, kSlots * kRows * kWords * 4);
+      cudaMemset(arrive, 0, 8);
+      cudaMemset(stamps, 0, 64 * 8);
+      poll_kernel<<<grid, kThreads>>>(ws, mode, delay_ns, stream, stream_elems, arrive, stamps, out);
+      long long o[3];
+      unsigned long long st[1 + kSlots];
+      cudaMemcpy(o, out, sizeof(o), cudaMemcpyDeviceToHost);
+      cudaMemcpy(st, stamps, sizeof(st), cudaMemcpyDeviceToHost);
+      unsigned long long last = 0;
+      for (int s = 0; s < kSlots; ++s) last = std::max(last, st[1 + s]);
+      f.push_back(o[0] / 1e3);
+      a.push_back(mode == 0 ? 0.0 : (static_cast<long long>(st[0]) - static_cast<long long>(last)) / 1e3);
+      np.push_back(static_cast<double>(o[2]));
+    }
+    std::sort(f.begin(), f.end());
+    std::sort(a.begin(), a.end());
+    std::sort(np.begin(), np.end());
+    *first_us = f[10];
+    *after_last_us = a[10];
+    *polls = np[10];
+    return cudaGetLastError() == cudaSuccess;
+  };
+  std::printf("grid %d CTAs of %d threads (two per SM); %d slots x %d rows, 16 loads in flight per polling thread\n",
+              grid, kThreads, kSlots, kRows);
+  std::printf("%-44s %10s %16s %8s\n", "case", "1st poll", "all seen - last", "polls");
+  double f, a, n;
+  if (!run(0, 0, &f, &a, &n)) return 2;
+  std::printf("%-44s %10.2f %16s %8.0f\n", "A: words already written", f, "-", n);
+  for (int delay : {0, 500, 1000}) {
+    if (!run(1, delay, &f, &a, &n)) return 3;
+    std::printf("B: stored now, slot s after %4d ns x (s + 1)    %10.2f %16.2f %8.0f\n", delay, f, a, n);
+  }
+  for (int delay : {0, 500, 1000}) {
+    if (!run(2, delay, &f, &a, &n)) return 4;
+    std::printf("C: as B, the other SMs streaming from DRAM %4d %10.2f %16.2f %8.0f\n", delay, f, a, n);
+  }
+  for (int delay : {0, 1000}) {
+    if (!run(3, delay, &f, &a, &n)) return 5;
+    std::printf("E: as C, none streaming on the poller's SM %4d %10.2f %16.2f %8.0f\n", delay, f, a, n);
+  }
+  for (int delay : {0, 1000}) {
+    if (!run(4, delay, &f, &a, &n)) return 6;
+    std::printf("F: as C, the streams by bulk copies        %4d %10.2f %16.2f %8.0f\n", delay, f, a, n);
+  }
+  for (int delay : {0, 1000}) {
+    if (!run(5, delay, &f, &a, &n)) return 7;
+    std::printf("G: as F, the poll by bulk copies too       %4d %10.2f %16.2f %8.0f\n", delay, f, a, n);
+  }
+  {
+    const int lines = 4096, stride = 64;  // 1 MB ring, L2-resident after the first pass
+    std::vector<unsigned> h(lines * stride, 0);
+    for (int k = 0; k < lines; ++k) h[k * stride] = ((k * 2654435761u) % lines) * stride;
+    // Make it one cycle: a permutation by a stride coprime with lines.
+    for (int k = 0; k < lines; ++k) h[k * stride] = ((k + 1237) % lines) * stride;
+    unsigned* next;
+    cudaMalloc(&next, h.size() * 4);
+    cudaMemcpy(next, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+    chase<<<1, 1>>>(next, lines, out);  // warm the L2
+    std::vector<double> v;
+    for (int r = 0; r < 5; ++r) {
+      chase<<<1, 1>>>(next, 2048, out);
+      long long o;
+      cudaMemcpy(&o, out, 8, cudaMemcpyDeviceToHost);
+      v.push_back(o / 1e3);
+    }
+    std::sort(v.begin(), v.end());
+    std::printf("D: one relaxed load at a time, L2-resident: %.3f us per load\n", v[2]);
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("poll_latency: %s\n", cudaGetErrorString(e));
+  return e == cudaSuccess ? 0 : 1;
+}
