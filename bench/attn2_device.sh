@@ -14,6 +14,7 @@ VARIANTS=${VARIANTS:-wg}
 vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before the wait),
             # sp<N> (slice pages), ks<N> (key split),
             # et<N> (the PDL trigger: 0 always after the key loop, 1 the default, 2 at once in every CTA),
+            # st<N> (N stages per warpgroup; st6: 192 KB, one CTA per SM),
             # lt<N> (the grid's last cluster takes N tiles per warpgroup fewer than the others; lt99: none),
             # lm<N> (from N round-robin rounds on; below, its full share),
             # ne (timing only, wrong results: the scores' exp2 replaced by an FMA),
@@ -39,6 +40,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       sp[0-9]*) f="$f -DMUSE_ATTN2_SLICE_PAGES=${t#sp}";;
       ks[0-9]*) f="$f -DMUSE_ATTN2_KEY_SPLIT=${t#ks}";;
       et[0-9]) f="$f -DMUSE_ATTN2_EARLY_TRIGGER=${t#et}";;
+      st[0-9]*) f="$f -DMUSE_ATTN2_WG_STAGES=${t#st}";;
       lt[0-9]*) f="$f -DMUSE_ATTN2_LATE_TILES=${t#lt}";;
       lm[0-9]*) f="$f -DMUSE_ATTN2_LATE_MIN_ROUNDS=${t#lm}";;
       ne) f="$f -DMUSE_ATTN2_DIAG_NO_EXP";;

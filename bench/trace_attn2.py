@@ -19,7 +19,7 @@ import struct
 import sys
 
 PHASES = [  # record index, name (see PROBE / TRACE in src/attn2/attn2.cu)
-    (0, "entry"), (1, "init synced"), (2, "L arrived"), (30, "tiles assigned"), (31, "tile 0 ids"), (28, "early issued"), (3, "past wait"), (29, "all issued"), (4, "Q staged"), (5, "tile 0 ready"), (24, "tile 0: S done"), (25, "tile 0: softmax"), (22, "tile 1 ready"), (23, "tile 2 ready"),
+    (0, "entry"), (1, "init synced"), (2, "L arrived"), (30, "tiles assigned"), (31, "tile 0 ids"), (28, "early issued"), (3, "past wait"), (29, "all issued"), (4, "Q staged"), (5, "tile 0 ready"), (24, "tile 0: S done"), (25, "tile 0: softmax"), (22, "tile 1 ready"), (23, "last tile ready"),
     (26, "last P V done"), (27, "both halves done"),
     (6, "key loop done"), (19, "state in smem"), (7, "cluster synced"), (15, "cluster merged"),
     (16, "partial stored"), (17, "ticket/tag"), (21, "merger 1st poll/tags"), (18, "merger loaded"), (9, "out stored"), (11, "exit"),

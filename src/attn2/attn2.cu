@@ -88,7 +88,12 @@ constexpr int kRowWarps = 4;                               // 16 rows each
 constexpr int kWarps = kRowWarps * kKeySplit;              // warp 0 also issues the copies
 constexpr int kThreads = kWarps * 32;
 [[maybe_unused]] constexpr int kKeyTiles = 16 / kKeySplit;                  // n-tiles of S per warp (keys of a page)
-constexpr int kMinBlocks = 2;                              // CTAs per SM
+// Stages per warpgroup (wgmma path). MUSE_ATTN2_WG_STAGES=6 (token st6, an
+// experiment) holds 12 tiles (192 KB) per CTA, one CTA per SM.
+#ifndef MUSE_ATTN2_WG_STAGES
+#define MUSE_ATTN2_WG_STAGES 3
+#endif
+constexpr int kMinBlocks = MUSE_ATTN2_WG_STAGES > 3 ? 1 : 2;  // CTAs per SM
 static_assert(kKeySplit == 1 || kKeySplit == 2, "a page's 16 keys go to one or two warps");
 constexpr int kGroupPages = 8;                             // pages per stage: one per bank group
 [[maybe_unused]] constexpr int kGroupKeys = kGroupPages * kPageSize;        // 128
@@ -146,7 +151,7 @@ constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, the
 [[maybe_unused]] constexpr int kSlicePages = MUSE_ATTN2_SLICE_PAGES;
 constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
 constexpr int kTileKeys = kTilePages * kPageSize;
-constexpr int kWgStages = 3;                                // per warpgroup
+constexpr int kWgStages = MUSE_ATTN2_WG_STAGES;             // per warpgroup
 // Tiles per warpgroup copied before griddepcontrol.wait (of its 3 stages).
 // One: the copies of all 3 stages (21 MB at TP8 128k) fill the memory system
 // while the kernel before still merges, and its tail's round trips wait
@@ -223,7 +228,7 @@ constexpr int kWgStages = 3;                                // per warpgroup
 // receive area: per source rank and owned row, 64 halves of O, then per
 // (rank, row) m, l, 2^e.
 constexpr int kExchangeEnd = kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4;
-constexpr int kRecvOffset = 36 * 1024;
+constexpr int kRecvOffset = (MUSE_ATTN2_WG_STAGES - 1) * 16384 + 4096;  // in warpgroup 0's last stage: 36 KB
 constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 / C rows
 static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 
@@ -293,7 +298,7 @@ static_assert(kExchangeEnd <= 2 * kWgStages * kWgStageBytes,
               "the merge area and the warpgroup exchange reuse the stages");
 static_assert(kRecvOffset + kRecvBytes <= kSmemBytes && kRecvOffset + kRecvBytes + 1024 <= 2 * kWgStages * kWgStageBytes,
               "the receive area lies in the stages of both paths");
-static_assert(2 * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
+static_assert(kMinBlocks * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
               "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
@@ -1123,7 +1128,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   // push its rows as soon as its own key loop is done, not once the whole
   // cluster's are. The cluster barrier's arrival (which publishes the
   // receive mbarrier's initialisation) moves here, before the loop.
-  static_assert(kRecvOffset >= 2 * kWgStageBytes + 1024 && kRecvOffset + kRecvBytes <= 3 * kWgStageBytes,
+  static_assert(kRecvOffset >= (kWgStages - 1) * kWgStageBytes + 1024 && kRecvOffset + kRecvBytes <= kWgStages * kWgStageBytes,
                 "the receive area lies in warpgroup 0's last stage only");
   early_push = late_rounds == INT_MAX && num_tiles <= (kWgStages - 1) * wgs;
   if (early_push) cluster_arrive_for_push();
@@ -1264,8 +1269,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
       const int s = kh * kWgStages + it % kWgStages;
       mbar_wait(&full_bar[s], (it / kWgStages) & 1);
 #ifdef MUSE_ATTN2_TRACE
-      if (it == 1) TRACE(22);  // when warpgroup 0's tiles 1 and 2 landed
-      if (it == 2) TRACE(23);
+      if (it == 1) TRACE(22);  // when warpgroup 0's tile 1 and its last landed
+      if (it >= 2) TRACE(23);  // (the last of tiles 2, 3, ...)
 #endif
       key0 = (tile_page0 + g * kTilePages) * kPageSize;
       if (key0 + kTileKeys > L) {
