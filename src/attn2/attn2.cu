@@ -67,6 +67,7 @@
 #include <type_traits>
 
 #include "../common/launch.cuh"
+#include "../common/sm90_mbarrier.cuh"
 #include "../common/tensor_map_cache.h"
 #include "attn2_kernels.h"
 #include "muse_decode/attn2.h"
@@ -303,14 +304,11 @@ static_assert(kMinBlocks * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
 
 // ---- PTX wrappers ------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
+// The shared-memory barriers of ../common/sm90_mbarrier.cuh, taken by pointer.
+using detail::smem_addr;
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) { detail::mbar_init(smem_addr(bar), count); }
+// (Its own wait: the try-wait loop inside one asm block. The shared form, a
+// C++ loop around a selp, gives this kernel other SASS.)
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n\t.reg .pred p;\n"
@@ -320,18 +318,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(smem_addr(bar))
-               : "memory");
-}
-
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) { detail::mbar_arrive(smem_addr(bar)); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile(
-      "{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
-          smem_addr(bar)),
-      "r"(bytes)
-      : "memory");
+  detail::mbar_expect_tx(smem_addr(bar), bytes);
 }
 
 #if !MUSE_ATTN2_WGMMA_PATH  // the mma.sync path
@@ -618,12 +607,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Distributed shared memory: `addr` (this CTA's shared address) in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t map_rank(uint32_t addr, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
 // 4 columns of a CTA's fp16 (scaled) O, as two 32-bit words.
 __device__ __forceinline__ float4 half4_to_float4(uint32_t lo, uint32_t hi) {
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
@@ -634,8 +617,8 @@ __device__ __forceinline__ float4 half4_to_float4(uint32_t lo, uint32_t hi) {
 // the same spot), completing `bytes` on that CTA's mbarrier at `bar`.
 __device__ __forceinline__ void push_v4(uint32_t addr, uint4 v, uint32_t bar, int rank) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                   map_rank(addr, rank)),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(map_rank(bar, rank))
+                   detail::map_to_rank(addr, rank)),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(detail::map_to_rank(bar, rank))
                : "memory");
 }
 // The split path's partials in the workspace, for the ticket merge: every

@@ -1,6 +1,7 @@
 // Shared-memory barriers and cluster addressing (sm_90 and later), as the
-// route and qkv_front kernels use them: a barrier is the 32-bit shared
-// address of its 8 bytes. (attn2.cu keeps its own, which take pointers.)
+// route, qkv_front and attn2 kernels use them: a barrier is the 32-bit
+// shared address of its 8 bytes. (attn2.cu wraps them to take pointers and
+// keeps its own wait loop.)
 #pragma once
 
 #include <cuda_runtime.h>
