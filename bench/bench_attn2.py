@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import traceback
+from types import SimpleNamespace
 
 import torch
 
@@ -130,6 +131,33 @@ def warm_flashinfer():
     return status
 
 
+def make_inputs(kvh, R, mml, L, splits, calls):
+    """One shape's inputs, as every attn2 timing here uses them: `calls`
+    copies of every request's L keys' pages (one copy per call, so that the
+    calls of a graph rotate past the L2), a shuffled block table (request r
+    takes pages r * P .. of a copy, P = its pages), lengths L, one qkv row
+    block (q and the gate), an output per call and a zeroed workspace."""
+    import muse_decode as md
+
+    pages_per_req = (L + 15) // 16
+    per_copy = R * pages_per_req
+    g = torch.Generator(device="cuda").manual_seed(L + kvh)
+    cache = torch.empty(calls * per_copy, kvh, 16, 128, dtype=torch.bfloat16, device="cuda")
+    cache.uniform_(-1, 1, generator=g)
+    perm = torch.randperm(per_copy, device="cuda", generator=g).to(torch.int32)
+    table = torch.zeros(R, (mml + 15) // 16, dtype=torch.int32, device="cuda")
+    for r in range(R):
+        table[r, :pages_per_req] = perm[r * pages_per_req : (r + 1) * pages_per_req]
+    qkv = torch.randn(R * 8, 2 * (kvh * 8 + kvh) * 64, device="cuda", generator=g).to(torch.bfloat16)
+    q, gate = md.split_qkv(qkv, kvh)
+    md.prepare_attn2()
+    return SimpleNamespace(
+        cache=cache, copies=[cache[c * per_copy : (c + 1) * per_copy] for c in range(calls)], table=table,
+        lens=torch.full((R,), L, dtype=torch.int32, device="cuda"), qkv=qkv, q=q, gate=gate,
+        outs=torch.empty(calls, R * 8, kvh * 512, dtype=torch.bfloat16, device="cuda"),
+        ws=torch.zeros(max(16, md.attn2_workspace_bytes(R, kvh, splits)), dtype=torch.uint8, device="cuda"))
+
+
 def run_shape(shape, fi, timer, stock_timer):
     import muse_decode as md
     from muse_decode import stock
@@ -147,7 +175,6 @@ def run_shape(shape, fi, timer, stock_timer):
     # Every request's pages (all L keys: the stock path and FlashInfer take the
     # whole page list; the window is applied inside), one copy per call.
     pages_per_req = (L + 15) // 16
-    per_copy = R * pages_per_req
     read_per_call = R * kvh * vis_keys * 256
     calls = max(16, min(60, math.ceil(3 * L2_BYTES / read_per_call)))
     # And at least as many as bench_attn2.cu: a graph's first call has no PDL
@@ -157,21 +184,8 @@ def run_shape(shape, fi, timer, stock_timer):
     calls = max(calls, 60 if read_per_call <= 16 * mib else 30 if read_per_call <= 256 * mib else 10)
     if read_per_call * calls > (12 << 30):
         calls = max(2, (12 << 30) // (R * kvh * pages_per_req * 4096))
-    g = torch.Generator(device="cuda").manual_seed(L + kvh)
-    cache = torch.empty(calls * per_copy, kvh, 16, 128, dtype=torch.bfloat16, device="cuda")
-    cache.uniform_(-1, 1, generator=g)
-    copies = [cache[c * per_copy : (c + 1) * per_copy] for c in range(calls)]
-    perm = torch.randperm(per_copy, device="cuda", generator=g).to(torch.int32)
-    max_pages = (mml + 15) // 16
-    table = torch.zeros(R, max_pages, dtype=torch.int32, device="cuda")
-    for r in range(R):
-        table[r, :pages_per_req] = perm[r * pages_per_req : (r + 1) * pages_per_req]
-    lens = torch.full((R,), L, dtype=torch.int32, device="cuda")
-    qkv = torch.randn(R * 8, 2 * (kvh * 8 + kvh) * 64, device="cuda", generator=g).to(torch.bfloat16)
-    q, gate = md.split_qkv(qkv, kvh)
-    outs = torch.empty(calls, R * 8, width, dtype=torch.bfloat16, device="cuda")
-    ws = torch.zeros(max(16, md.attn2_workspace_bytes(R, kvh, splits)), dtype=torch.uint8, device="cuda")
-    md.prepare_attn2()
+    x = make_inputs(kvh, R, mml, L, splits, calls)
+    q, gate, copies, table, lens, outs, ws = x.q, x.gate, x.copies, x.table, x.lens, x.outs, x.ws
 
     def ours(c, pdl=True):
         return md.attn2(q, gate, copies[c], table, lens, outs[c], ws, mml, window, splits, pdl=pdl)
@@ -227,7 +241,7 @@ def run_shape(shape, fi, timer, stock_timer):
                    speedup_vs_flashinfer=round(best[1] / us, 2), meets_flashinfer_bar=best[1] / us >= 1.3)
     else:
         row.update(flashinfer_us=None, speedup_vs_flashinfer=None)
-    del cache, copies, outs
+    del x, copies, outs
     torch.cuda.empty_cache()
     return row
 

@@ -22,30 +22,19 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import harness  # noqa: E402
 import muse_decode as md  # noqa: E402
+from bench_attn2 import make_inputs  # noqa: E402
 
 # (name, max_model_len, window, L, calls per graph as bench_attn2.py)
 SHAPES = [("2k", 131072, 0, 2048, 60), ("mml2048", 2048, 0, 2048, 60), ("128k", 131072, 0, 131072, 30)]
 
 
 def make_calls(mml, sliding, L, calls, kvh=2):
+    """bench_attn2.py's inputs of one request (make_inputs) and its attn2 calls, one per copy."""
     window = md.attn2_window(sliding or None, mml)
     splits = md.attn2_splits(mml, window, kvh)
-    pages = (L + 15) // 16
-    g = torch.Generator(device="cuda").manual_seed(L)
-    cache = torch.empty(calls * pages, kvh, 16, 128, dtype=torch.bfloat16, device="cuda")
-    cache.uniform_(-1, 1, generator=g)
-    copies = [cache[c * pages : (c + 1) * pages] for c in range(calls)]
-    table = torch.zeros(1, (mml + 15) // 16, dtype=torch.int32, device="cuda")
-    table[0, :pages] = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
-    lens = torch.full((1,), L, dtype=torch.int32, device="cuda")
-    qkv = torch.randn(8, 2 * (kvh * 8 + kvh) * 64, device="cuda", generator=g).to(torch.bfloat16)
-    q, gate = md.split_qkv(qkv, kvh)
-    outs = torch.empty(calls, 8, kvh * 512, dtype=torch.bfloat16, device="cuda")
-    ws = torch.zeros(max(16, md.attn2_workspace_bytes(1, kvh, splits)), dtype=torch.uint8, device="cuda")
-    md.prepare_attn2()
-    keep = (cache, copies, table, lens, qkv, outs, ws)
-    return keep, [lambda c=c: md.attn2(q, gate, copies[c], table, lens, outs[c], ws, mml, window, splits)
-                  for c in range(calls)]
+    x = make_inputs(kvh, 1, mml, L, splits, calls)
+    return x, [lambda c=c: md.attn2(x.q, x.gate, x.copies[c], x.table, x.lens, x.outs[c], x.ws, mml, window, splits)
+               for c in range(calls)]
 
 
 def main():
