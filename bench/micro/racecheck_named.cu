@@ -10,7 +10,11 @@
 //   with PDL allowed; 7 only warpgroup 0 passes an mbarrier (arrive, then
 //   try_wait) first, then thread 0 writes and warpgroup 1 reads across the
 //   __syncthreads (attn2's s_last after the receive barrier's wait); 8 the
-//   same mbarrier in warpgroup 0, warpgroup 1 writes and 0 reads. Then the plain pattern in
+//   same mbarrier in warpgroup 0, warpgroup 1 writes and 0 reads; 9 mode 3
+//   with the relaxed arrival attn2 uses (clusters of 2 and 16), and 10 the
+//   same with a second __syncthreads between the arrival and the write (as
+//   attn2's one-slice kernels: their arrival before the key loop, CTA
+//   barriers after it). Then the plain pattern in
 //   clusters of 2, 8 and 16 CTAs (16: non-portable), each CTA delayed by its
 //   rank so that the ranks' accesses interleave in time, with and without a
 //   store into the next rank's shared memory before a closing cluster
@@ -36,6 +40,8 @@ __global__ void __launch_bounds__(256) across_sync(float* out) {
   if ((kMode == 1 || kMode == 2) && wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
   if (kMode == 2 && wg == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
   if (kMode == 3) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (kMode == 9 || kMode == 10) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  if (kMode == 10) __syncthreads();
   if (kMode == 4 || ((kMode == 7 || kMode == 8) && wg == 0)) {
     const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
     uint64_t state;
@@ -56,7 +62,7 @@ __global__ void __launch_bounds__(256) across_sync(float* out) {
     __syncthreads();
     if (wg == 0) out[blockIdx.x * 128 + t] = buf[t];
   }
-  if (kMode == 3) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  if (kMode == 3 || kMode == 9 || kMode == 10) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 template <int kRemote>
@@ -127,6 +133,14 @@ int main() {
     config.attrs = attr;
     config.numAttrs = 1;
     if (cudaLaunchKernelEx(&config, across_sync<3>, out) != cudaSuccess) std::printf("mode 3 launch failed\n");
+    cudaFuncSetAttribute(across_sync<9>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    cudaFuncSetAttribute(across_sync<10>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    for (int c : {2, 16}) {  // modes 9 and 10 in clusters of 2 and of 16 (32 CTAs)
+      attr[0].val.clusterDim.x = c;
+      config.gridDim = dim3(c == 2 ? 4 : 32);
+      if (cudaLaunchKernelEx(&config, across_sync<9>, out) != cudaSuccess) std::printf("mode 9 launch failed\n");
+      if (cudaLaunchKernelEx(&config, across_sync<10>, out) != cudaSuccess) std::printf("mode 10 launch failed\n");
+    }
   }
   across_sync<4><<<4, 256>>>(out);
   across_sync<5><<<4, 256>>>(out);

@@ -865,7 +865,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   __shared__ uint64_t empty_bar[kBarriers];
   __shared__ float4 s_mls[kRows];  // per row: m (log2 domain), l, 2^e of its fp16 O, -
   __shared__ int s_bad;
-  __shared__ int s_last;
   __shared__ uint64_t recv_bar;  // the push merge: every rank's rows of this CTA landed
   __shared__ uint2 s_gate[kRowWarps * 32];                         // the merger threads' gate (no registers held)
 
@@ -1817,17 +1816,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     g_ring[trace_slot][8] = (static_cast<unsigned long long>(split) << 8) | (static_cast<unsigned>(kvh) << 16) |
                             (static_cast<unsigned long long>(rank) << 24) | (1ull << 32);  // (bit 32: set)
 #endif
-  if (fixed) {
-    if (threadIdx.x == 0) s_last = split == merge_split;
-  } else if (threadIdx.x == 0) {
-    int ticket;
-    asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
-    s_last = ticket == active - 1;
-    if (s_last) *counter = 0;  // every ticket is taken: ready for the next launch (after its griddepcontrol.wait)
-    TRACE(17);
+  // Whether this CTA merges: with the fixed merger every thread knows it (no
+  // barrier: the other slices' words are polled, not this CTA's); with
+  // tickets thread 0's answer reaches the others through the barrier's OR.
+  bool last = split == merge_split;
+  if (!fixed) {
+    bool got_last = false;
+    if (threadIdx.x == 0) {
+      int ticket;
+      asm volatile("atom.relaxed.gpu.global.add.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(counter) : "memory");
+      got_last = ticket == active - 1;
+      if (got_last) *counter = 0;  // every ticket is taken: ready for the next launch (after its griddepcontrol.wait)
+      TRACE(17);
+    }
+    last = __syncthreads_or(got_last) != 0;
   }
-  __syncthreads();
-  if (!s_last || !merger) {
+  if (!last || !merger) {
     TRACE(11);
     return;
   }
