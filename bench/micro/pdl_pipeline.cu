@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "page_hash.cuh"
+
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -29,14 +31,6 @@ __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
-}
-__device__ __forceinline__ uint32_t hash(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
 }
 
 struct Args {

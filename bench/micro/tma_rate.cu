@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "page_hash.cuh"
+
 constexpr int kPageBytes = 16 * 256, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kKvh = 2;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -30,14 +32,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar), "r"(parity)
       : "memory");
-}
-__device__ __forceinline__ uint32_t hash(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
 }
 
 // mode 0 tma2, 1 tma1, 2 bulk
