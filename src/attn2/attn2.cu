@@ -153,6 +153,8 @@ constexpr int kMmaSmemBytes = kSmemBytes + kRows * kQStride * 2;  // stages, the
 constexpr int kTilePages = 4;                               // wgmma tile: 64 keys
 constexpr int kTileKeys = kTilePages * kPageSize;
 constexpr int kWgStages = MUSE_ATTN2_WG_STAGES;             // per warpgroup
+constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
+constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 // Tiles per warpgroup copied before griddepcontrol.wait (of its 3 stages).
 // One: the copies of all 3 stages (21 MB at TP8 128k) fill the memory system
 // while the kernel before still merges, and its tail's round trips wait
@@ -229,7 +231,7 @@ constexpr int kWgStages = MUSE_ATTN2_WG_STAGES;             // per warpgroup
 // receive area: per source rank and owned row, 64 halves of O, then per
 // (rank, row) m, l, 2^e.
 constexpr int kExchangeEnd = kRows * kMergeStride * 4 + kThreads / 2 * 36 * 4;
-constexpr int kRecvOffset = (MUSE_ATTN2_WG_STAGES - 1) * 16384 + 4096;  // in warpgroup 0's last stage: 36 KB
+constexpr int kRecvOffset = (kWgStages - 1) * kWgStageBytes + 4096;  // in warpgroup 0's last stage (36 KB with 3)
 constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: C ranks x 64 / C rows
 static_assert(kExchangeEnd <= kRecvOffset, "receive area past the exchange");
 
@@ -289,8 +291,6 @@ constexpr bool kTriggerAfterWait = MUSE_ATTN2_WGMMA_PATH;
 // where the first warpgroup has that many threads (clusters of 16: 4 rows per
 // CTA), else on 16 threads with 4 columns: its chains are latency-bound, so
 // half the columns per thread shortens them.
-constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
-constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
 constexpr int kQTileBytes = kRows * kHeadDim * 2;           // 8192, swizzled like K
 constexpr int kWgSmemBytes = 2 * kWgStages * kWgStageBytes + kQTileBytes + 1024;  // + 1 KB to align to 1024
 constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWgSmemBytes;
@@ -300,7 +300,7 @@ static_assert(kExchangeEnd <= 2 * kWgStages * kWgStageBytes,
 static_assert(kRecvOffset + kRecvBytes <= kSmemBytes && kRecvOffset + kRecvBytes + 1024 <= 2 * kWgStages * kWgStageBytes,
               "the receive area lies in the stages of both paths");
 static_assert(kMinBlocks * (kDynSmemBytes + 2560 + 1024) <= 228 * 1024,
-              "two CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
+              "kMinBlocks CTAs per SM (stages, the Q tile, barriers, gate and merge state, 1 KB reserved each)");
 
 // ---- PTX wrappers ------------------------------------------------------------------
 
