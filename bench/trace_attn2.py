@@ -152,7 +152,7 @@ def main():
             hist = lambda j: dict(sorted(((k, [v[j] for v in late].count(k)) for k in set(v[j] for v in late)),
                                          key=lambda kv: -kv[1])[:8])
             print(f"# the last loop of each call ({len(late)} calls): clusters {hist(0)}; SMs {hist(1)}")
-            names = ("entry", "past wait", "tile 0 ready", "tile 1 ready", "tile 2 ready", "wg0 last P V",
+            names = ("entry", "past wait", "tile 0 ready", "tile 1 ready", "last tile ready", "wg0 last P V",
                      "both halves", "loop done")
             print("#   phase          at (median)  minus the call's median CTA (median, max)")
             for j, n in enumerate(names):
