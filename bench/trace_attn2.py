@@ -31,7 +31,6 @@ def main():
     data = open(path, "rb").read()
     recs = [struct.unpack_from("<32Q", data, k * 256) for k in range(len(data) // 256)]
     recs.sort(key=lambda r: r[14])
-    ncalls = len(recs) // grid
     # The ring may start mid-call: align on the sequence numbers.
     start = (grid - recs[0][14] % grid) % grid
     calls = [recs[start + c * grid:start + (c + 1) * grid] for c in range((len(recs) - start) // grid)]
