@@ -14,6 +14,7 @@ A call's CTAs all enter before the next call's first one (the next launch
 starts once every CTA has passed griddepcontrol.launch_dependents or left),
 so in entry order the calls are consecutive runs of GRID_CTAS records.
 """
+import signal
 import statistics
 import struct
 import sys
@@ -166,4 +167,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     main()
