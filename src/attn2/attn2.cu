@@ -155,7 +155,7 @@ constexpr int kTileKeys = kTilePages * kPageSize;
 constexpr int kWgStages = MUSE_ATTN2_WG_STAGES;             // per warpgroup
 constexpr int kHalfBytes = kTileKeys * kHeadDim * 2;        // 8192: K (or V) of a tile
 constexpr int kWgStageBytes = 2 * kHalfBytes;               // K then V
-// Tiles per warpgroup copied before griddepcontrol.wait (of its 3 stages).
+// Tiles per warpgroup copied before griddepcontrol.wait (of its kWgStages, 3 by default).
 // One: the copies of all 3 stages (21 MB at TP8 128k) fill the memory system
 // while the kernel before still merges, and its tail's round trips wait
 // behind them (TP8 128k 27.1 -> 25.9 us, 32k 12.2 -> 11.7 with one).
@@ -1117,7 +1117,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
   if (!kOneSlice && MUSE_ATTN2_EARLY_TRIGGER && early_push) allow_dependents();  // (the call after the loop then does nothing)
   TRACE(30);
   // Stages (1024-byte aligned for the swizzle): warpgroup kh owns stages
-  // 3kh .. 3kh + 2, each K (8 KB) then V (8 KB); the Q tile after them.
+  // kWgStages kh .. kWgStages (kh + 1) - 1, each K (8 KB) then V (8 KB); the Q tile after them.
   const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   const uint32_t q_tile = base + 2 * kWgStages * kWgStageBytes;
   auto stage_addr = [&](int s) { return base + static_cast<uint32_t>(s) * kWgStageBytes; };
@@ -1149,7 +1149,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     tma_load_5d(dst, &kv_map, 0, 0, 0, kvh, id, &full_bar[s], policy);               // K of the page
     tma_load_5d(dst + kHalfBytes, &kv_map, 0, 1, 0, kvh, id, &full_bar[s], policy);  // V of the page
   };
-  auto issue = [&](int j) {  // tile j (this warpgroup's j-th) into its stage j % 3, which is free
+  auto issue = [&](int j) {  // tile j (this warpgroup's j-th) into its stage j % kWgStages, which is free
     const int g = tile_of(j);
     const int s = kh * kWgStages + j % kWgStages;
     int id;
