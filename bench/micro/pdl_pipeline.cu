@@ -22,11 +22,16 @@
 #include <cstdio>
 #include <vector>
 
+#include "../../src/common/sm90_mbarrier.cuh"
 #include "page_hash.cuh"
 
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+using muse_decode::detail::mbar_expect_tx;
+using muse_decode::detail::mbar_init;
+using muse_decode::detail::mbar_wait;
+using muse_decode::detail::smem_addr;
+
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
@@ -60,9 +65,9 @@ __global__ void call_kernel(const __grid_constant__ Args a) {
     if (!a.trigger_early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     return;
   }
-  const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   if (threadIdx.x == 0) {
-    for (int t = 0; t < a.tiles; ++t) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[t])));
+    for (int t = 0; t < a.tiles; ++t) mbar_init(smem_addr(&full[t]), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -70,9 +75,8 @@ __global__ void call_kernel(const __grid_constant__ Args a) {
   if (w < a.issuers) {
     const unsigned seed = static_cast<unsigned>(a.table[static_cast<int64_t>(a.call) * grid + cta]) ^ static_cast<unsigned>(L);
     for (int t = w; t < a.tiles; t += a.issuers) {
-      const uint32_t bar = smem_u32(&full[t]);
-      if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kTileBytes) : "memory");
+      const uint32_t bar = smem_addr(&full[t]);
+      if (lane == 0) mbar_expect_tx(bar, kTileBytes);
       __syncwarp();
       if (lane < kTilePages) {
         const uint32_t page = hash(seed * 977u + t * 131u + lane) % a.pages;
@@ -86,11 +90,7 @@ __global__ void call_kernel(const __grid_constant__ Args a) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const unsigned long long t1 = now_ns();
   if (!a.trigger_early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int t = 0; t < a.tiles; ++t) {
-    asm volatile(
-        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n@!p bra W;\n}" ::"r"(smem_u32(&full[t]))
-        : "memory");
-  }
+  for (int t = 0; t < a.tiles; ++t) mbar_wait(smem_addr(&full[t]), 0);
   const unsigned long long t2 = now_ns();
   while (now_ns() < t2 + a.spin_ns) {
   }
