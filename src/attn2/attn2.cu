@@ -424,16 +424,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[N][4], KeyOf key, int pos, 
     }
 }
 
-// O of rows r = 0 (c0, c1) and r = 1 (c2, c3) times the rows' alpha.
-__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    o[n][0] *= alpha[0];
-    o[n][1] *= alpha[0];
-    o[n][2] *= alpha[1];
-    o[n][3] *= alpha[1];
-  }
-}
+using detail::rescale;  // (../common/sm90_wgmma.cuh: O's two rows of this thread times their alpha)
 
 // P of one S tile in place, p = exp2(s * c + neg_mc) (rows r = 0: c0, c1;
 // r = 1: c2, c3), each row's p added to sum[r] in n-tile order.

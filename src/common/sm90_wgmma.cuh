@@ -67,4 +67,16 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+// O (an m64n64 accumulator fragment) of this thread's rows r = 0 (c0, c1) and
+// r = 1 (c2, c3) times the rows' alpha: the online softmax's rescale.
+__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
+
 }  // namespace muse_decode::detail
