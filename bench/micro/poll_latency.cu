@@ -25,6 +25,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "../../src/common/sm90_mbarrier.cuh"
+
+using muse_decode::detail::mbar_expect_tx;
+using muse_decode::detail::mbar_init;
+using muse_decode::detail::mbar_wait;
+using muse_decode::detail::smem_addr;
+
 constexpr int kSlots = 7;     // slices whose rows the merger reads (attn2 at 32k: the 6 others + 1 spare)
 constexpr int kRows = 4;      // rows a CTA of a cluster of 16 merges
 constexpr int kWords = 66;    // m, l, then 64 columns (floats)
@@ -44,16 +51,21 @@ __device__ __forceinline__ uint2 ld_relaxed(const uint32_t* at) {
   return v;
 }
 
+// Whether v holds in all 128 threads of named barrier 1 (the polling threads).
+__device__ __forceinline__ bool and_128(bool v) {
+  uint32_t r;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 q, %1, 0;\n\tbar.red.and.pred p, 1, 128, q;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(v))
+      : "memory");
+  return r != 0;
+}
+
 // Block 0 polls; blocks 1..kSlots store one slot each (mode B, C) after
 // delay_ns * slot; the rest stream `bytes_each` from `stream` (mode C) or
 // leave. out[0]: first poll's return - start of polling; out[1]: the poll
 // that saw all - the last store; out[2]: polls.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar),
-               "r"(parity)
-               : "memory");
-}
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
@@ -67,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
   __shared__ __align__(128) uint8_t ring[8][4096];
   __shared__ __align__(8) uint64_t bars[8];
   if (t == 0)
-    for (int k = 0; k < 8; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[k])));
+    for (int k = 0; k < 8; ++k) mbar_init(smem_addr(&bars[k]), 1);
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   // Everyone launched before anything is timed.
   unsigned smid;
@@ -91,13 +103,11 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
       bool written = true;
       uint2 ml[kSlots], ov[kSlots];
       if (mode == 5) {  // G: one bulk copy per slot (its 4 rows, contiguous) into ring, on bars[0]
-        const uint32_t bar = smem_u32(&bars[0]);
+        const uint32_t bar = smem_addr(&bars[0]);
         if (t == 0) {
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                       "r"(kSlots * kRows * kWords * 4)
-                       : "memory");
+          mbar_expect_tx(bar, kSlots * kRows * kWords * 4);
           for (int s = 0; s < kSlots; ++s)
-            bulk_load(smem_u32(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4, bar);
+            bulk_load(smem_addr(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4, bar);
         }
         mbar_wait(bar, polls & 1);
         const uint32_t* sm = reinterpret_cast<const uint32_t*>(ring[0]);
@@ -118,7 +128,10 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
       }
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) written = written && ml[s].x && ml[s].y && ov[s].x && ov[s].y;
-      const bool all = __all_sync(0xFFFFFFFFu, written);
+      // (G: one copy serves all 4 rows and thread 0 issues it, so the 4 warps
+      // decide together; a warp leaving on its own row left the others waiting
+      // on a copy never issued. The loads' warps each poll their own row.)
+      const bool all = mode == 5 ? and_128(written) : __all_sync(0xFFFFFFFFu, written);
       const unsigned long long tp = now();
       if (polls++ == 0) first = tp;
       if (all) {
@@ -154,12 +167,12 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
     if (t == 0) {
       for (long long i = 0; i < per; ++i) {
         const int k = static_cast<int>(i % 8);
-        const uint32_t bar = smem_u32(&bars[k]);
+        const uint32_t bar = smem_addr(&bars[k]);
         if (i >= 8) mbar_wait(bar, ((i - 8) / 8) & 1);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 4096;" ::"r"(bar) : "memory");
-        bulk_load(smem_u32(ring[k]), p + i * 4096, 4096, bar);
+        mbar_expect_tx(bar, 4096);
+        bulk_load(smem_addr(ring[k]), p + i * 4096, 4096, bar);
       }
-      for (long long i = per > 8 ? per - 8 : 0; i < per; ++i) mbar_wait(smem_u32(&bars[i % 8]), (i / 8) & 1);
+      for (long long i = per > 8 ? per - 8 : 0; i < per; ++i) mbar_wait(smem_addr(&bars[i % 8]), (i / 8) & 1);
     }
     return;
   }

@@ -23,16 +23,14 @@
 #include <cstdio>
 #include <vector>
 
+#include "../../src/common/sm90_mbarrier.cuh"
 #include "page_hash.cuh"
 
+using muse_decode::detail::mbar_expect_tx;
+using muse_decode::detail::mbar_init;
+using muse_decode::detail::mbar_wait;
+using muse_decode::detail::smem_addr;
 constexpr int kPageBytes = 16 * 256, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kKvh = 2;
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}" ::"r"(bar), "r"(parity)
-      : "memory");
-}
 
 // mode 0 tma2, 1 tma1, 2 bulk
 __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_constant__ CUtensorMap map1,
@@ -45,10 +43,10 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
     atomicMin(&span[0], t);
   }
   __shared__ uint64_t full[16];
-  const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
   const int kvh = blockIdx.x % kKvh;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+    for (int s = 0; s < stages; ++s) mbar_init(smem_addr(&full[s]), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -59,8 +57,8 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
   auto stage_of = [&](int t) { return w * ring + (t / issuers) % ring; };
   auto issue = [&](int t) {
     const int s = stage_of(t);
-    const uint32_t bar = smem_u32(&full[s]);
-    if (lane == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(kTileBytes) : "memory");
+    const uint32_t bar = smem_addr(&full[s]);
+    if (lane == 0) mbar_expect_tx(bar, kTileBytes);
     __syncwarp();
     if (lane < kTilePages) {
       const int page = static_cast<int>(hash(seed ^ (blockIdx.x * 7919u + t * 131u + lane)) % static_cast<uint32_t>(pages));
@@ -89,10 +87,10 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
   // Warp w: tiles w, w + W, ...; the k-th of them uses its stage k % ring.
   int k = 0;
   for (int t = w; t < tiles; t += issuers, ++k) {
-    if (k >= ring) mbar_wait(smem_u32(&full[stage_of(t)]), ((k - ring) / ring) & 1);
+    if (k >= ring) mbar_wait(smem_addr(&full[stage_of(t)]), ((k - ring) / ring) & 1);
     issue(t);
   }
-  for (int j = max(0, k - ring); j < k; ++j) mbar_wait(smem_u32(&full[w * ring + j % ring]), (j / ring) & 1);
+  for (int j = max(0, k - ring); j < k; ++j) mbar_wait(smem_addr(&full[w * ring + j % ring]), (j / ring) & 1);
   if (span && lane == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
