@@ -1,0 +1,317 @@
+// How fast can one SM run attn2's math when the keys are already in shared
+// memory? The question behind a one-cluster-per-KV-head design at 8k (bench/
+// NOTES-attn2.md, twenty-second and twenty-third sessions): 16 SMs per head
+// then take 8 tiles of 64 keys each (S = Q K^T, the softmax, O += P V for 64
+// query rows), and the copies can be issued a call ahead. attn2's one-slice
+// kernel, traced with all tiles in place, spent ~1 us per tile and warpgroup;
+// the pipes' own cost is ~256 clocks of tensor cores and ~256 of MUFU per
+// tile. This micro times the math alone, one CTA per SM, two consumer
+// warpgroups, each running T tiles from its own 4 stages (the same data
+// again from the fifth on: no copies, no barriers on data):
+//   serial    per tile: S, wait, softmax, P V, wait (the one-slice kernels);
+//   overlap   S of tile i + 1 issued with P V of tile i, the softmax beside
+//             the tensor cores (FA3's intra-warpgroup overlap; attn2's
+//             general kernel);
+//   pingpong  overlap, and the two warpgroups take turns to issue their
+//             wgmma groups (named barriers), so that one's softmax runs
+//             while the other's matrices do (FA3's inter-warpgroup schedule).
+// Each with exp2 in fp32 (`ex2.approx.ftz.f32`, as attn2) or on bf16 pairs
+// (`ex2.approx.ftz.bf16x2`: two per MUFU issue, P already packed), and with
+// the row max on every tile or on the first only (attn2's later tiles).
+// Prints clocks per warpgroup (median and max over the CTAs' warpgroups) and
+// the us they are at 1.98 GHz.
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o pingpong bench/micro/pingpong_math.cu && ./pingpong
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "../../src/common/sm90_mbarrier.cuh"
+#include "../../src/common/sm90_wgmma.cuh"
+
+using namespace muse_decode::detail;
+
+constexpr int kRing = 8;                   // 16 KB stages per CTA, split over its warpgroups
+constexpr int kTileBytes = 16384;          // K (64 keys x 128 B) then V
+constexpr int kQBytes = 8192;              // 64 rows x 64 dims, bf16
+constexpr int kSmem = kQBytes + kRing * kTileBytes + 1024;
+[[maybe_unused]] constexpr float kScaleLog2 = 0.6841258107984375f * 1.4426950408889634f;
+
+enum Mode { kSerial = 0, kOverlap = 1, kPingPong = 2 };
+
+__device__ __forceinline__ float ex2f(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t ex2_bf16x2(float lo, float hi) {  // exp2 of both, as a bf16 pair
+  const __nv_bfloat162 in = __floats2bfloat162_rn(lo, hi);
+  uint32_t x = *reinterpret_cast<const uint32_t*>(&in), y;
+  asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
+// The tile's softmax: s (64 x 64 scores of this thread's fragment) -> P as
+// wgmma A fragments pa, running max m and sums l of the thread's 2 rows,
+// alpha the factor O takes. kMax: a row max of this tile (else m stays).
+template <bool kBf16Exp>
+__device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                        bool with_max) {
+  alpha[0] = alpha[1] = 1.0f;
+  if (with_max) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
+      alpha[r] = ex2f((m[r] - mx[r]) * kScaleLog2);
+      l[r] *= alpha[r];
+      m[r] = mx[r];
+    }
+  }
+  const float nmc[2] = {-m[0] * kScaleLog2, -m[1] * kScaleLog2};
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const float x0 = fmaf(s[t][0], kScaleLog2, nmc[0]), x1 = fmaf(s[t][1], kScaleLog2, nmc[0]);
+    const float x2 = fmaf(s[t][2], kScaleLog2, nmc[1]), x3 = fmaf(s[t][3], kScaleLog2, nmc[1]);
+    if constexpr (kBf16Exp) {  // the pairs' bits in s[t][0] and s[t][2]
+      const uint32_t p01 = ex2_bf16x2(x0, x1), p23 = ex2_bf16x2(x2, x3);
+      const float2 a = unpack_bf16(p01), b = unpack_bf16(p23);
+      l[0] += a.x + a.y;
+      l[1] += b.x + b.y;
+      s[t][0] = __uint_as_float(p01);
+      s[t][2] = __uint_as_float(p23);
+      s[t][1] = s[t][3] = 0.0f;  // (defined: S's registers stay whole for the next S)
+    } else {
+      s[t][0] = ex2f(x0), s[t][1] = ex2f(x1), s[t][2] = ex2f(x2), s[t][3] = ex2f(x3);
+      l[0] += s[t][0] + s[t][1];
+      l[1] += s[t][2] + s[t][3];
+    }
+  }
+}
+
+// A register copy ptxas keeps (a plain move it may fold, and then P's
+// registers are S's, written by the next S while P V reads them: serialized).
+__device__ __forceinline__ uint32_t copy_reg(uint32_t x) {
+  uint32_t y;
+  asm volatile("prmt.b32 %0, %1, 0, 0x3210;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// P (in s, from softmax) as the A fragments of O += P V's 4 k-steps.
+template <bool kBf16Exp>
+__device__ __forceinline__ void pack(const float (&s)[8][4], uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    pa[t / 2][(t % 2) * 2] = kBf16Exp ? copy_reg(__float_as_uint(s[t][0])) : pack_bf16(s[t][0], s[t][1]);
+    pa[t / 2][(t % 2) * 2 + 1] = kBf16Exp ? copy_reg(__float_as_uint(s[t][2])) : pack_bf16(s[t][2], s[t][3]);
+  }
+}
+
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax>
+__global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long* clocks, float* sink) {
+  static_assert(kMode != kPingPong || kWgs == 2, "the ping-pong schedule is for two warpgroups");
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma is sm_90a's (the build compiles every micro for sm_100a too; main() checks the GPU)
+#else
+  constexpr int kStages = kRing / kWgs;  // per warpgroup
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  uint8_t* gbase = smem + (base - smem_addr(smem));
+  // Small pseudo-random bf16 everywhere (|scores| stay far from overflow).
+  for (int i = threadIdx.x; i < (kSmem - 1024) / 4; i += blockDim.x) {
+    const uint32_t h = (i * 2654435761u) ^ (blockIdx.x * 40503u);
+    const float a = ((h & 0xFFFF) / 65536.0f - 0.5f) * 0.5f, b = ((h >> 16) / 65536.0f - 0.5f) * 0.5f;
+    reinterpret_cast<uint32_t*>(gbase)[i] = pack_bf16(a, b);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  const uint32_t q = base, stage0 = base + kQBytes + wg * kStages * kTileBytes;
+  auto k_of = [&](int i) { return stage0 + (i % kStages) * kTileBytes; };
+  // Descriptors computed (and pinned) before the wgmma group's fence: address
+  // arithmetic between a group's wgmmas makes ptxas serialize them (C7513).
+  uint64_t dq[4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    dq[ks] = sw128_desc(q + ks * 32, 16, 1024);
+    asm volatile("" : "+l"(dq[ks]));
+  }
+  auto descs = [&](uint64_t (&d)[4], uint32_t at, uint32_t step, uint32_t lbo) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      d[k] = sw128_desc(at + k * step, lbo, 1024);
+      asm volatile("" : "+l"(d[k]));
+    }
+  };
+  auto issue_s = [&](float (&acc)[8][4], int i) {
+    uint64_t dk[4];
+    descs(dk, k_of(i), 32, 16);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) wgmma_ss(acc, dq[ks], dk[ks], ks);
+  };
+  float o[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  auto issue_pv = [&](const uint32_t (&pa)[4][4], int i) {
+    uint64_t dv[4];
+    descs(dv, k_of(i) + 8192, 2048, 8192);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs(o, pa[kk], dv[kk]);
+  };
+  // Ping-pong: warpgroup w issues its wgmma groups after bar.sync on barrier
+  // 3 + w and then lets the other go (bar.arrive on 3 + 1 - w), 256 threads.
+  auto my_turn = [&] {
+    if constexpr (kMode == kPingPong) {
+      if (wg == 0) asm volatile("bar.sync 3, 256;" ::: "memory");
+      else asm volatile("bar.sync 4, 256;" ::: "memory");
+    }
+  };
+  auto your_turn = [&] {
+    if constexpr (kMode == kPingPong) {
+      if (wg == 0) asm volatile("bar.arrive 4, 256;" ::: "memory");
+      else asm volatile("bar.arrive 3, 256;" ::: "memory");
+    }
+  };
+  float m[2] = {-1e30f, -1e30f}, l[2] = {0.0f, 0.0f}, alpha[2];
+  float s[8][4];
+  uint32_t pa[4][4];
+  __syncthreads();
+  const long long t0 = clock64();
+  if constexpr (kMode == kPingPong) {
+    if (wg == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");  // warpgroup 0 goes first
+  }
+  if constexpr (kMode == kSerial) {
+    for (int i = 0; i < tiles; ++i) {
+      issue_s(s, i);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(s);
+      softmax<kBf16Exp>(s, m, l, alpha, kEveryMax || i == 0);
+      pack<kBf16Exp>(s, pa);
+      rescale(o, alpha);
+      pin(o);
+      pin_a(pa);
+      issue_pv(pa, i);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(o);
+      pin_a(pa);
+    }
+  } else {
+    my_turn();
+    issue_s(s, 0);
+    wgmma_commit();
+    if (tiles > 1 || wg == 0) your_turn();  // (warpgroup 1's last turn is not passed on: the arrivals balance)
+    wgmma_wait<0>();
+    pin(s);
+    softmax<kBf16Exp>(s, m, l, alpha, true);
+    pack<kBf16Exp>(s, pa);
+    pin_a(pa);
+    for (int i = 0; i + 1 < tiles; ++i) {
+      my_turn();
+      issue_s(s, i + 1);
+      wgmma_commit();
+      issue_pv(pa, i);
+      wgmma_commit();
+      if (i + 2 < tiles || wg == 0) your_turn();
+      wgmma_wait<1>();  // S of tile i + 1
+      pin(s);
+      float a2[2];
+      softmax<kBf16Exp>(s, m, l, a2, kEveryMax);
+      wgmma_wait<0>();  // P V of tile i
+      pin(o);
+      pin_a(pa);  // (read by that P V until here)
+      rescale(o, a2);
+      pack<kBf16Exp>(s, pa);
+      pin(o);  // (both defined before the next wgmma group's fence, not sunk past it)
+      pin_a(pa);
+    }
+    issue_pv(pa, tiles - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(o);
+  }
+  const long long t1 = clock64();
+  if (threadIdx.x % 128 == 0) clocks[blockIdx.x * kWgs + wg] = t1 - t0;
+  float acc = l[0] + l[1];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) acc += o[n][0] + o[n][1] + o[n][2] + o[n][3];
+  if (acc == 1234.5f) sink[threadIdx.x] = acc;  // keeps the work
+#endif
+}
+
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax>
+void run(const char* name, int ctas, int tiles, long long* d_clocks, float* sink) {
+  auto k = math_loop<kWgs, kMode, kBf16Exp, kEveryMax>;
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  std::vector<long long> all;
+  for (int r = 0; r < 7; ++r) {
+    k<<<ctas, kWgs * 128, kSmem>>>(tiles, d_clocks, sink);
+    std::vector<long long> h(ctas * kWgs);
+    cudaMemcpy(h.data(), d_clocks, h.size() * sizeof(long long), cudaMemcpyDeviceToHost);
+    if (r > 0) all.insert(all.end(), h.begin(), h.end());
+  }
+  if (cudaGetLastError() != cudaSuccess) {
+    std::printf("%s: launch failed\n", name);
+    return;
+  }
+  std::sort(all.begin(), all.end());
+  const double med = all[all.size() / 2], mx = all.back();
+  std::printf("%-9s %-5s %-5s %4d %5d %5d %9.0f %9.0f %8.2f %8.2f %8.3f\n", name, kBf16Exp ? "bf16" : "f32",
+              kEveryMax ? "every" : "first", kWgs, ctas, tiles, med, mx, med / 1980.0, mx / 1980.0,
+              med / 1980.0 / tiles);
+}
+
+int main() {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9) {
+    std::printf("pingpong_math: needs an sm_90 GPU (wgmma)\n");
+    return 0;
+  }
+  long long* d_clocks;
+  float* sink;
+  cudaMalloc(&d_clocks, 2 * 1024 * sizeof(long long));
+  cudaMalloc(&sink, 1024 * sizeof(float));
+  std::printf("one CTA per SM, W consumer warpgroups of 64 rows, T tiles of 64 keys each per warpgroup\n"
+              "(8k, one cluster per head: 8 tiles per SM, W = 2 and T = 4, or W = 4 and T = 2)\n");
+  std::printf("%-9s %-5s %-5s %4s %5s %5s %9s %9s %8s %8s %8s\n", "schedule", "exp2", "max", "W", "CTAs", "T", "clk med",
+              "clk max", "us med", "us max", "us/tile");
+  for (int ctas : {32, 132}) {
+    for (int tiles : {1, 2, 4, 8}) {
+      run<2, kSerial, false, true>("serial", ctas, tiles, d_clocks, sink);
+      run<2, kOverlap, false, true>("overlap", ctas, tiles, d_clocks, sink);
+      run<2, kOverlap, false, false>("overlap", ctas, tiles, d_clocks, sink);
+      run<2, kPingPong, false, true>("pingpong", ctas, tiles, d_clocks, sink);
+      run<2, kPingPong, false, false>("pingpong", ctas, tiles, d_clocks, sink);
+      run<2, kPingPong, true, false>("pingpong", ctas, tiles, d_clocks, sink);
+      run<2, kOverlap, true, false>("overlap", ctas, tiles, d_clocks, sink);
+    }
+    for (int tiles : {1, 2, 4}) {  // four warpgroups: twice the warps to hide latencies, half the tiles each
+      run<4, kSerial, false, true>("serial", ctas, tiles, d_clocks, sink);
+      run<4, kOverlap, false, true>("overlap", ctas, tiles, d_clocks, sink);
+      run<4, kOverlap, false, false>("overlap", ctas, tiles, d_clocks, sink);
+      run<4, kOverlap, true, false>("overlap", ctas, tiles, d_clocks, sink);
+    }
+  }
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("pingpong_math: %s\n", cudaGetErrorString(e));
+  return e == cudaSuccess ? 0 : 1;
+}
