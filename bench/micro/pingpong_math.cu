@@ -123,8 +123,11 @@ __device__ __forceinline__ void pack(const float (&s)[8][4], uint32_t (&pa)[4][4
   }
 }
 
-template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax>
+// kParts (the overlap schedule's parts, for timing by removal; wrong results
+// without all three): 1 S, 2 the softmax (else P = S as it is), 4 P V.
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7>
 __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long* clocks, float* sink) {
+  static_assert(kParts == 7 || kMode == kOverlap, "parts are removed from the overlap schedule only");
   static_assert(kMode != kPingPong || kWgs == 2, "the ping-pong schedule is for two warpgroups");
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma is sm_90a's (the build compiles every micro for sm_100a too; main() checks the GPU)
@@ -160,6 +163,10 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
     }
   };
   auto issue_s = [&](float (&acc)[8][4], int i) {
+    if constexpr (!(kParts & 1)) {
+      wgmma_fence();
+      return;
+    }
     uint64_t dk[4];
     descs(dk, k_of(i), 32, 16);
     wgmma_fence();
@@ -170,6 +177,10 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
 #pragma unroll
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   auto issue_pv = [&](const uint32_t (&pa)[4][4], int i) {
+    if constexpr (!(kParts & 4)) {
+      wgmma_fence();
+      return;
+    }
     uint64_t dv[4];
     descs(dv, k_of(i) + 8192, 2048, 8192);
     wgmma_fence();
@@ -192,6 +203,12 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
   };
   float m[2] = {-1e30f, -1e30f}, l[2] = {0.0f, 0.0f}, alpha[2];
   float s[8][4];
+  if constexpr (!(kParts & 1)) {  // (no S: scores made up once)
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = 0.01f * static_cast<float>((threadIdx.x * 7 + t * 4 + e) % 13);
+  }
   uint32_t pa[4][4];
   __syncthreads();
   const long long t0 = clock64();
@@ -234,8 +251,8 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
       if (i + 2 < tiles || wg == 0) your_turn();
       wgmma_wait<1>();  // S of tile i + 1
       pin(s);
-      float a2[2];
-      softmax<kBf16Exp>(s, m, l, a2, kEveryMax);
+      float a2[2] = {1.0f, 1.0f};
+      if constexpr ((kParts & 2) != 0) softmax<kBf16Exp>(s, m, l, a2, kEveryMax);
       wgmma_wait<0>();  // P V of tile i
       pin(o);
       pin_a(pa);  // (read by that P V until here)
@@ -258,9 +275,9 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
 #endif
 }
 
-template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax>
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7>
 void run(const char* name, int ctas, int tiles, long long* d_clocks, float* sink) {
-  auto k = math_loop<kWgs, kMode, kBf16Exp, kEveryMax>;
+  auto k = math_loop<kWgs, kMode, kBf16Exp, kEveryMax, kParts>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   std::vector<long long> all;
   for (int r = 0; r < 7; ++r) {
@@ -310,6 +327,16 @@ int main() {
       run<4, kOverlap, false, false>("overlap", ctas, tiles, d_clocks, sink);
       run<4, kOverlap, true, false>("overlap", ctas, tiles, d_clocks, sink);
     }
+  }
+  // The overlap schedule's parts by removal (W = 2, T = 4 and 8, 32 CTAs; wrong results).
+  for (int tiles : {4, 8}) {
+    run<2, kOverlap, false, false, 1>("S only", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 4>("PV only", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 5>("S + PV", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 2>("softmax", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 3>("S + sm", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 6>("sm + PV", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 7>("all", 32, tiles, d_clocks, sink);
   }
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("pingpong_math: %s\n", cudaGetErrorString(e));
