@@ -48,7 +48,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The same with N = 8: d (64 x 8) of a piece of the odd tile (the window's odd pages, above).
+// The same with N = 8: d (64 x 8), e.g. attn2's 8-key pieces of a window's odd pages.
 __device__ __forceinline__ void wgmma_ss(float (&d)[1][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %6, 0;\n\t"
