@@ -22,11 +22,14 @@
 #include <cstdio>
 #include <vector>
 
+#include "../../src/common/launch.cuh"
 #include "../../src/common/sm90_mbarrier.cuh"
 #include "page_hash.cuh"
 
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;
 
+using muse_decode::detail::launch_attributes;
+using muse_decode::detail::LaunchShape;
 using muse_decode::detail::mbar_expect_tx;
 using muse_decode::detail::mbar_init;
 using muse_decode::detail::mbar_wait;
@@ -134,19 +137,16 @@ int main() {
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
 
-  auto config_of = [&](int grid, int smem, cudaLaunchAttribute* at) {
+  // Clusters of 16 and PDL, the attributes of the ops' own launches.
+  auto config_of = [&](int grid, int smem, cudaLaunchAttribute (&at)[2]) {
+    const LaunchShape shape{dim3(grid), dim3(256), static_cast<unsigned>(smem), 16, true};
     cudaLaunchConfig_t c{};
-    c.gridDim = dim3(grid);
-    c.blockDim = dim3(256);
-    c.dynamicSmemBytes = smem;
+    c.gridDim = shape.grid;
+    c.blockDim = shape.block;
+    c.dynamicSmemBytes = shape.smem_bytes;
     c.stream = st;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 16;
-    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
     c.attrs = at;
-    c.numAttrs = 2;
+    c.numAttrs = launch_attributes(shape, at);
     return c;
   };
   for (int smem : {130 * 1024, 100 * 1024}) {

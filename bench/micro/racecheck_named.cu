@@ -19,11 +19,17 @@
 //   rank so that the ranks' accesses interleave in time, with and without a
 //   store into the next rank's shared memory before a closing cluster
 //   barrier (attn2's kernels of 16 are where racecheck reports).
+// Launched through the ops' own launch path (src/common/launch.cuh).
 //   nvcc -arch=sm_90a -o rc bench/micro/racecheck_named.cu
 //   compute-sanitizer --tool racecheck ./rc
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
+
+#include "../../src/common/launch.cuh"
+
+using muse_decode::detail::launch_kernel;
+using muse_decode::detail::LaunchShape;
 
 template <int kMode>
 __global__ void __launch_bounds__(256) across_sync(float* out) {
@@ -99,17 +105,8 @@ static void launch_clusters(float* out, int cluster) {
       cudaFuncSetAttribute(across_sync_cluster<kRemote>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
           cudaSuccess)
     std::printf("cluster %d: non-portable size refused\n", cluster);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2 * cluster);
-  config.blockDim = dim3(256);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&config, across_sync_cluster<kRemote>, out);
+  const auto e = static_cast<cudaError_t>(
+      launch_kernel<across_sync_cluster<kRemote>>(LaunchShape{dim3(2 * cluster), dim3(256), 0, cluster}, nullptr, out));
   const cudaError_t s = cudaDeviceSynchronize();
   std::printf("clusters of %d, remote store %d: %s / %s\n", cluster, kRemote, cudaGetErrorString(e),
               cudaGetErrorString(s));
@@ -121,44 +118,23 @@ int main() {
   across_sync<0><<<4, 256>>>(out);
   across_sync<1><<<4, 256>>>(out);
   across_sync<2><<<4, 256>>>(out);
-  {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(4);
-    config.blockDim = dim3(256);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, across_sync<3>, out) != cudaSuccess) std::printf("mode 3 launch failed\n");
-    cudaFuncSetAttribute(across_sync<9>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    cudaFuncSetAttribute(across_sync<10>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    for (int c : {2, 16}) {  // modes 9 and 10 in clusters of 2 and of 16 (32 CTAs)
-      attr[0].val.clusterDim.x = c;
-      config.gridDim = dim3(c == 2 ? 4 : 32);
-      if (cudaLaunchKernelEx(&config, across_sync<9>, out) != cudaSuccess) std::printf("mode 9 launch failed\n");
-      if (cudaLaunchKernelEx(&config, across_sync<10>, out) != cudaSuccess) std::printf("mode 10 launch failed\n");
-    }
+  if (launch_kernel<across_sync<3>>(LaunchShape{dim3(4), dim3(256), 0, 2}, nullptr, out) != 0)
+    std::printf("mode 3 launch failed\n");
+  cudaFuncSetAttribute(across_sync<9>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaFuncSetAttribute(across_sync<10>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  for (int c : {2, 16}) {  // modes 9 and 10 in clusters of 2 and of 16 (32 CTAs)
+    const LaunchShape shape{dim3(c == 2 ? 4 : 32), dim3(256), 0, c};
+    if (launch_kernel<across_sync<9>>(shape, nullptr, out) != 0) std::printf("mode 9 launch failed\n");
+    if (launch_kernel<across_sync<10>>(shape, nullptr, out) != 0) std::printf("mode 10 launch failed\n");
   }
   across_sync<4><<<4, 256>>>(out);
   across_sync<5><<<4, 256>>>(out);
   across_sync<6><<<4, 256>>>(out);
   across_sync<7><<<4, 256>>>(out);
   across_sync<8><<<4, 256>>>(out);
-  {  // mode 6 again, launched with programmatic dependent launch allowed, twice
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(4);
-    config.blockDim = dim3(256);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    for (int i = 0; i < 2; ++i)
-      if (cudaLaunchKernelEx(&config, across_sync<6>, out) != cudaSuccess) std::printf("mode 6 PDL launch failed\n");
-  }
+  for (int i = 0; i < 2; ++i)  // mode 6 again, launched with programmatic dependent launch allowed, twice
+    if (launch_kernel<across_sync<6>>(LaunchShape{dim3(4), dim3(256), 0, 0, true}, nullptr, out) != 0)
+      std::printf("mode 6 PDL launch failed\n");
   for (int cluster : {2, 8, 16}) {
     launch_clusters<0>(out, cluster);
     launch_clusters<1>(out, cluster);

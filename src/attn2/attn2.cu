@@ -1939,17 +1939,14 @@ cudaError_t set_attributes() {
 
 template <int kCluster>
 int max_active_clusters() {
+  const detail::LaunchShape shape{dim3(kCluster), dim3(kThreads), kDynSmemBytes, kCluster};
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kCluster, 1, 1);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kDynSmemBytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  config.gridDim = shape.grid;
+  config.blockDim = shape.block;
+  config.dynamicSmemBytes = shape.smem_bytes;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = detail::launch_attributes(shape, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster, false>, &config) != cudaSuccess) {
     cudaGetLastError();

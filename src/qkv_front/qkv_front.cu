@@ -867,16 +867,13 @@ namespace qkv_front_tuning {
 void set(const Tuning& t) { g_tuning = t; }
 Tuning get() { return g_tuning; }
 int max_active_clusters(int nt, int ctas) {
+  const detail::LaunchShape shape{dim3(36 * ctas), dim3(kThreads), 0, ctas};
+  cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ctas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.gridDim = dim3(36 * ctas);
-  config.blockDim = dim3(kThreads);
+  config.gridDim = shape.grid;
+  config.blockDim = shape.block;
   config.attrs = attr;
-  config.numAttrs = 1;
+  config.numAttrs = detail::launch_attributes(shape, attr);
   int n = 0;
   cudaError_t err;
   if (nt == 1) {
