@@ -17,7 +17,9 @@
 //             while the other's matrices do (FA3's inter-warpgroup schedule).
 // Each with exp2 in fp32 (`ex2.approx.ftz.f32`, as attn2) or on bf16 pairs
 // (`ex2.approx.ftz.bf16x2`: two per MUFU issue, P already packed), and with
-// the row max on every tile or on the first only (attn2's later tiles).
+// the row max on every tile or on the first only (attn2's later tiles); and
+// with part of the exp2s on the FMA pipe (`poly_exp2`, FA4's way: K of a
+// tile's 8 n-tiles, printed pK/8).
 // Prints clocks per warpgroup (median and max over the CTAs' warpgroups) and
 // the us they are at 1.98 GHz.
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o pingpong bench/micro/pingpong_math.cu && ./pingpong
@@ -47,6 +49,18 @@ __device__ __forceinline__ float ex2f(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// 2^x on the FMA and integer pipes (FA4's way of taking load off the MUFU):
+// x = j + f by the 1.5 * 2^23 shifter (j nearest, f in [-0.5, 0.5]), a cubic
+// for 2^f (fitted here to 7.5e-5 relative error, far under P's bf16
+// rounding), j added to the exponent bits. x clamped at -127 (P then 0 or
+// subnormal-flushed, as ex2.approx.ftz gives).
+__device__ __forceinline__ float poly_exp2(float x) {
+  x = fmaxf(x, -127.0f);
+  const float t = x + 12582912.0f;  // j in t's low mantissa bits
+  const float f = x - (t - 12582912.0f);
+  const float p = fmaf(fmaf(fmaf(0.05517167f, f, 0.24261115f), f, 0.69326099f), f, 0.99992807f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
 __device__ __forceinline__ uint32_t ex2_bf16x2(float lo, float hi) {  // exp2 of both, as a bf16 pair
   const __nv_bfloat162 in = __floats2bfloat162_rn(lo, hi);
   uint32_t x = *reinterpret_cast<const uint32_t*>(&in), y;
@@ -64,7 +78,8 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t w) {
 // The tile's softmax: s (64 x 64 scores of this thread's fragment) -> P as
 // wgmma A fragments pa, running max m and sums l of the thread's 2 rows,
 // alpha the factor O takes. kMax: a row max of this tile (else m stays).
-template <bool kBf16Exp>
+// kPoly of the 8 n-tiles (f32 path) take poly_exp2 instead of the MUFU's.
+template <bool kBf16Exp, int kPoly = 0>
 __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                         bool with_max) {
   alpha[0] = alpha[1] = 1.0f;
@@ -97,6 +112,10 @@ __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (
       s[t][0] = __uint_as_float(p01);
       s[t][2] = __uint_as_float(p23);
       s[t][1] = s[t][3] = 0.0f;  // (defined: S's registers stay whole for the next S)
+    } else if ((t * kPoly) / 8 != ((t + 1) * kPoly) / 8) {  // kPoly n-tiles spread over the 8
+      s[t][0] = poly_exp2(x0), s[t][1] = poly_exp2(x1), s[t][2] = poly_exp2(x2), s[t][3] = poly_exp2(x3);
+      l[0] += s[t][0] + s[t][1];
+      l[1] += s[t][2] + s[t][3];
     } else {
       s[t][0] = ex2f(x0), s[t][1] = ex2f(x1), s[t][2] = ex2f(x2), s[t][3] = ex2f(x3);
       l[0] += s[t][0] + s[t][1];
@@ -125,7 +144,7 @@ __device__ __forceinline__ void pack(const float (&s)[8][4], uint32_t (&pa)[4][4
 
 // kParts (the overlap schedule's parts, for timing by removal; wrong results
 // without all three): 1 S, 2 the softmax (else P = S as it is), 4 P V.
-template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7>
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7, int kPoly = 0>
 __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long* clocks, float* sink) {
   static_assert(kParts == 7 || kMode == kOverlap, "parts are removed from the overlap schedule only");
   static_assert(kMode != kPingPong || kWgs == 2, "the ping-pong schedule is for two warpgroups");
@@ -221,7 +240,7 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
       wgmma_commit();
       wgmma_wait<0>();
       pin(s);
-      softmax<kBf16Exp>(s, m, l, alpha, kEveryMax || i == 0);
+      softmax<kBf16Exp, kPoly>(s, m, l, alpha, kEveryMax || i == 0);
       pack<kBf16Exp>(s, pa);
       rescale(o, alpha);
       pin(o);
@@ -239,7 +258,7 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
     if (tiles > 1 || wg == 0) your_turn();  // (warpgroup 1's last turn is not passed on: the arrivals balance)
     wgmma_wait<0>();
     pin(s);
-    softmax<kBf16Exp>(s, m, l, alpha, true);
+    softmax<kBf16Exp, kPoly>(s, m, l, alpha, true);
     pack<kBf16Exp>(s, pa);
     pin_a(pa);
     for (int i = 0; i + 1 < tiles; ++i) {
@@ -252,7 +271,7 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
       wgmma_wait<1>();  // S of tile i + 1
       pin(s);
       float a2[2] = {1.0f, 1.0f};
-      if constexpr ((kParts & 2) != 0) softmax<kBf16Exp>(s, m, l, a2, kEveryMax);
+      if constexpr ((kParts & 2) != 0) softmax<kBf16Exp, kPoly>(s, m, l, a2, kEveryMax);
       wgmma_wait<0>();  // P V of tile i
       pin(o);
       pin_a(pa);  // (read by that P V until here)
@@ -275,9 +294,9 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
 #endif
 }
 
-template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7>
+template <int kWgs, int kMode, bool kBf16Exp, bool kEveryMax, int kParts = 7, int kPoly = 0>
 void run(const char* name, int ctas, int tiles, long long* d_clocks, float* sink) {
-  auto k = math_loop<kWgs, kMode, kBf16Exp, kEveryMax, kParts>;
+  auto k = math_loop<kWgs, kMode, kBf16Exp, kEveryMax, kParts, kPoly>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   std::vector<long long> all;
   for (int r = 0; r < 7; ++r) {
@@ -292,9 +311,41 @@ void run(const char* name, int ctas, int tiles, long long* d_clocks, float* sink
   }
   std::sort(all.begin(), all.end());
   const double med = all[all.size() / 2], mx = all.back();
-  std::printf("%-9s %-5s %-5s %4d %5d %5d %9.0f %9.0f %8.2f %8.2f %8.3f\n", name, kBf16Exp ? "bf16" : "f32",
+  char exp_name[8];
+  std::snprintf(exp_name, sizeof exp_name, "%s", kBf16Exp ? "bf16" : kPoly ? "p0/8" : "f32");
+  if (kPoly) exp_name[1] = static_cast<char>('0' + kPoly);
+  std::printf("%-9s %-5s %-5s %4d %5d %5d %9.0f %9.0f %8.2f %8.2f %8.3f\n", name, exp_name,
               kEveryMax ? "every" : "first", kWgs, ctas, tiles, med, mx, med / 1980.0, mx / 1980.0,
               med / 1980.0 / tiles);
+}
+
+// poly_exp2 against exp2f over x in [-125, 10] (1 << 20 points): the worst relative error.
+__global__ void poly_error_kernel(float* worst) {
+  float w = 0.0f;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (1 << 20); i += gridDim.x * blockDim.x) {
+    const float x = -125.0f + 135.0f * static_cast<float>(i) / static_cast<float>(1 << 20);
+    const float ref = exp2f(x);
+    w = fmaxf(w, fabsf(poly_exp2(x) - ref) / ref);
+  }
+  atomicMax(reinterpret_cast<int*>(worst), __float_as_int(w));  // (w >= 0: int order is float order)
+}
+
+double poly_error(float* d_worst) {
+  cudaMemset(d_worst, 0, sizeof(float));
+  poly_error_kernel<<<64, 256>>>(d_worst);
+  float w = -1.0f;
+  cudaMemcpy(&w, d_worst, sizeof(float), cudaMemcpyDeviceToHost);
+  return w;
+}
+
+template <int kPoly>
+void poly_rows(long long* d_clocks, float* sink) {
+  for (int tiles : {1, 4, 8}) {
+    run<2, kPingPong, false, false, 7, kPoly>("pingpong", 32, tiles, d_clocks, sink);
+    run<2, kOverlap, false, false, 7, kPoly>("overlap", 32, tiles, d_clocks, sink);
+  }
+  run<4, kOverlap, false, false, 7, kPoly>("overlap", 32, 2, d_clocks, sink);
+  for (int tiles : {4, 8}) run<2, kOverlap, false, false, 2, kPoly>("softmax", 32, tiles, d_clocks, sink);
 }
 
 int main() {
@@ -338,6 +389,13 @@ int main() {
     run<2, kOverlap, false, false, 6>("sm + PV", 32, tiles, d_clocks, sink);
     run<2, kOverlap, false, false, 7>("all", 32, tiles, d_clocks, sink);
   }
+  // exp2 partly on the FMA pipe (p<k>/8: k of the 8 n-tiles by poly_exp2), 32 CTAs.
+  std::printf("\nexp2 partly by poly_exp2 (pK/8: K of a tile's 8 n-tiles); its worst relative error over\n"
+              "x in [-125, 10]: %.2e\n", poly_error(sink));
+  poly_rows<1>(d_clocks, sink);
+  poly_rows<2>(d_clocks, sink);
+  poly_rows<3>(d_clocks, sink);
+  poly_rows<4>(d_clocks, sink);
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("pingpong_math: %s\n", cudaGetErrorString(e));
   return e == cudaSuccess ? 0 : 1;
