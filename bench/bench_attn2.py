@@ -241,9 +241,7 @@ def run_shape(shape, fi, timer, stock_timer):
                    speedup_vs_flashinfer=round(best[1] / us, 2), meets_flashinfer_bar=best[1] / us >= 1.3)
     else:
         row.update(flashinfer_us=None, speedup_vs_flashinfer=None)
-    del x, copies, outs
-    torch.cuda.empty_cache()
-    return row
+    return row  # (the shape's tensors go with this frame; main empties the cache)
 
 
 def main():
@@ -265,6 +263,7 @@ def main():
     rows, path = [], None
     for shape in shapes:
         row = run_shape(shape, fi, timer, stock_timer)
+        torch.cuda.empty_cache()  # (its tensors are freed: the next shape may need up to 12 GB)
         rows.append(row)
         print(row, flush=True)
         # After every shape: a later shape that fails leaves the earlier rows.

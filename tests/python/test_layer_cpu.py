@@ -1,8 +1,6 @@
 """CPU tests of the layer, its planner, the stock path and the torch.library
 registration (they need PyTorch, not a GPU; skipped without PyTorch)."""
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
