@@ -23,7 +23,9 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
             # then fold to constants), xs (no S: every score 0), xv (no P V),
             # xk (no key copied: every stage ready at once, the math on what shared memory holds),
             # dq / dn (timing only, right in the bench, which never writes them: q and the gate /
-            # this step's tile read before griddepcontrol.wait).
+            # this step's tile read before griddepcontrol.wait),
+            # mr<N> (timing only, rows unwritten: the merging slice's ranks from N on leave
+            # instead of merging; mr0: no split merge at all).
             # The A/B switches of settled choices (fm0, wr0, ep0, tw0, gh0, si0, sn0, tl0, th0, pm0,
             # rp0, ar0, il0, ix0, lo1, os0, wk0, bl0, fr0) were removed with their code in the
             # twentieth session (their last version: commit e5baac1; bench/NOTES-attn2.md);
@@ -53,6 +55,7 @@ vflags() {  # comma-separated tokens: wg, mma, probe, trace, e<N> (tiles before 
       xs) f="$f -DMUSE_ATTN2_DIAG_NO_S";;
       xv) f="$f -DMUSE_ATTN2_DIAG_NO_PV";;
       dn) f="$f -DMUSE_ATTN2_DIAG_NEWEST_EARLY";;
+      mr[0-9]*) f="$f -DMUSE_ATTN2_DIAG_MERGER_RANKS=${t#mr}";;
       *) echo "unknown variant token $t" >&2; exit 2;;
     esac
   done

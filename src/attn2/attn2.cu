@@ -1778,6 +1778,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) attn2_kernel(const __gri
     }
     last = __syncthreads_or(got_last) != 0;
   }
+#ifdef MUSE_ATTN2_DIAG_MERGER_RANKS  // timing only (their rows unwritten): the merging slice's ranks from N on leave
+  if (rank >= MUSE_ATTN2_DIAG_MERGER_RANKS) last = false;
+#endif
   if (!last || !merger) {
     TRACE(11);
     return;
