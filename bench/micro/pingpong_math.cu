@@ -112,12 +112,10 @@ __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (
       s[t][0] = __uint_as_float(p01);
       s[t][2] = __uint_as_float(p23);
       s[t][1] = s[t][3] = 0.0f;  // (defined: S's registers stay whole for the next S)
-    } else if ((t * kPoly) / 8 != ((t + 1) * kPoly) / 8) {  // kPoly n-tiles spread over the 8
-      s[t][0] = poly_exp2(x0), s[t][1] = poly_exp2(x1), s[t][2] = poly_exp2(x2), s[t][3] = poly_exp2(x3);
-      l[0] += s[t][0] + s[t][1];
-      l[1] += s[t][2] + s[t][3];
     } else {
-      s[t][0] = ex2f(x0), s[t][1] = ex2f(x1), s[t][2] = ex2f(x2), s[t][3] = ex2f(x3);
+      const bool poly = (t * kPoly) / 8 != ((t + 1) * kPoly) / 8;  // kPoly n-tiles spread over the 8
+      auto e2 = [poly](float x) { return poly ? poly_exp2(x) : ex2f(x); };
+      s[t][0] = e2(x0), s[t][1] = e2(x1), s[t][2] = e2(x2), s[t][3] = e2(x3);
       l[0] += s[t][0] + s[t][1];
       l[1] += s[t][2] + s[t][3];
     }
