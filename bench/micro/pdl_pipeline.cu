@@ -28,8 +28,8 @@
 
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;
 
-using muse_decode::detail::launch_attributes;
 using muse_decode::detail::LaunchShape;
+using muse_decode::detail::runtime_config;
 using muse_decode::detail::mbar_expect_tx;
 using muse_decode::detail::mbar_init;
 using muse_decode::detail::mbar_wait;
@@ -139,15 +139,7 @@ int main() {
 
   // Clusters of 16 and PDL, the attributes of the ops' own launches.
   auto config_of = [&](int grid, int smem, cudaLaunchAttribute (&at)[2]) {
-    const LaunchShape shape{dim3(grid), dim3(256), static_cast<unsigned>(smem), 16, true};
-    cudaLaunchConfig_t c{};
-    c.gridDim = shape.grid;
-    c.blockDim = shape.block;
-    c.dynamicSmemBytes = shape.smem_bytes;
-    c.stream = st;
-    c.attrs = at;
-    c.numAttrs = launch_attributes(shape, at);
-    return c;
+    return runtime_config(LaunchShape{dim3(grid), dim3(256), static_cast<unsigned>(smem), 16, true}, at, st);
   };
   for (int smem : {130 * 1024, 100 * 1024}) {
     cudaLaunchAttribute at[2];

@@ -1944,12 +1944,7 @@ template <int kCluster>
 int max_active_clusters() {
   const detail::LaunchShape shape{dim3(kCluster), dim3(kThreads), kDynSmemBytes, kCluster};
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t config = {};
-  config.gridDim = shape.grid;
-  config.blockDim = shape.block;
-  config.dynamicSmemBytes = shape.smem_bytes;
-  config.attrs = attr;
-  config.numAttrs = detail::launch_attributes(shape, attr);
+  const cudaLaunchConfig_t config = detail::runtime_config(shape, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster, false>, &config) != cudaSuccess) {
     cudaGetLastError();

@@ -96,6 +96,21 @@ inline unsigned launch_attributes(const LaunchShape& s, cudaLaunchAttribute (&at
   return n;
 }
 
+// The runtime's launch configuration of `s` on `stream`, its attributes in
+// `attr` (which must outlive the configuration): for cudaLaunchKernelEx and
+// the occupancy queries (cudaOccupancyMaxActiveClusters).
+inline cudaLaunchConfig_t runtime_config(const LaunchShape& s, cudaLaunchAttribute (&attr)[2],
+                                         cudaStream_t stream = nullptr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = s.grid;
+  config.blockDim = s.block;
+  config.dynamicSmemBytes = s.smem_bytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = launch_attributes(s, attr);
+  return config;
+}
+
 // Launches Kernel(args...) on `stream`; returns the CUDA error as int.
 template <auto Kernel, typename... Args>
 int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
@@ -121,13 +136,7 @@ int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args
     return static_cast<int>(launch(&config, reinterpret_cast<CUfunction>(k), params, nullptr));
   }
 #endif
-  cudaLaunchConfig_t config = {};
-  config.gridDim = s.grid;
-  config.blockDim = s.block;
-  config.dynamicSmemBytes = s.smem_bytes;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = n;
+  const cudaLaunchConfig_t config = runtime_config(s, attr, stream);
   return static_cast<int>(cudaLaunchKernelEx(&config, Kernel, args...));
 }
 

@@ -867,22 +867,17 @@ namespace qkv_front_tuning {
 void set(const Tuning& t) { g_tuning = t; }
 Tuning get() { return g_tuning; }
 int max_active_clusters(int nt, int ctas) {
-  const detail::LaunchShape shape{dim3(36 * ctas), dim3(kThreads), 0, ctas};
+  const unsigned smem = nt == 1 ? ClusterLayout<1>::kSmemBytes : ClusterLayout<2>::kSmemBytes;
+  const detail::LaunchShape shape{dim3(36 * ctas), dim3(kThreads), smem, ctas};
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t config = {};
-  config.gridDim = shape.grid;
-  config.blockDim = shape.block;
-  config.attrs = attr;
-  config.numAttrs = detail::launch_attributes(shape, attr);
+  const cudaLaunchConfig_t config = detail::runtime_config(shape, attr);
   int n = 0;
   cudaError_t err;
   if (nt == 1) {
     if ((err = prepare_cluster_kernel<1>())) return -static_cast<int>(err);
-    config.dynamicSmemBytes = ClusterLayout<1>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<1>, &config);
   } else {
     if ((err = prepare_cluster_kernel<2>())) return -static_cast<int>(err);
-    config.dynamicSmemBytes = ClusterLayout<2>::kSmemBytes;
     err = cudaOccupancyMaxActiveClusters(&n, qkv_front_cluster_kernel<2>, &config);
   }
   return err ? -static_cast<int>(err) : n;
