@@ -363,14 +363,14 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 
 // The warpgroup MMA wrappers (descriptors, fences, m64n64k16 / m64n8k16 from
 // shared memory, m64n64k16 with A in registers): ../common/sm90_wgmma.cuh.
-using detail::pin;
-using detail::pin_a;
-using detail::sw128_desc;
-using detail::wgmma_commit;
-using detail::wgmma_fence;
-using detail::wgmma_rs;
-using detail::wgmma_ss;
-using detail::wgmma_wait;
+using ptx::pin;
+using ptx::pin_a;
+using ptx::sw128_desc;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
+using ptx::wgmma_rs;
+using ptx::wgmma_ss;
+using ptx::wgmma_wait;
 #endif
 
 // ldmatrix and mma.sync: the mma.sync path's, and (wgmma path) the slow path
@@ -424,7 +424,17 @@ __device__ __forceinline__ void mask_tile(float (&s)[N][4], KeyOf key, int pos, 
     }
 }
 
-using detail::rescale;  // (../common/sm90_wgmma.cuh: O's two rows of this thread times their alpha)
+// O (an m64n64 accumulator fragment) of this thread's rows r = 0 (c0, c1) and
+// r = 1 (c2, c3) times the rows' alpha: the online softmax's rescale.
+__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
 
 // P of one S tile in place, p = exp2(s * c + neg_mc) (rows r = 0: c0, c1;
 // r = 1: c2, c3), each row's p added to sum[r] in n-tile order.
@@ -2009,9 +2019,7 @@ int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   }
   return static_cast<int>(err);
 }
-}  // namespace detail
-
-int launch_attn2(const Attn2Params& p, Stream stream) {
+int attn2_launch(const Attn2Params& p, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   switch (p.cluster_size) {
     case 8: return static_cast<int>(launch<8>(p, s));
@@ -2019,5 +2027,6 @@ int launch_attn2(const Attn2Params& p, Stream stream) {
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }
+}  // namespace detail
 
 }  // namespace muse_decode

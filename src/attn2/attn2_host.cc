@@ -221,6 +221,9 @@ Attn2Params check_attn2(const Attn2Args& a) {
 }
 
 // ---------------------------------------------------------------------------
+int launch_attn2(const Attn2Params& p, Stream stream) { return detail::attn2_launch(p, stream); }
+
+// ---------------------------------------------------------------------------
 // Prepared devices: the cluster size of the one-slice path per device (0: not prepared).
 namespace {
 constexpr int kMaxDevices = 64;
@@ -276,7 +279,7 @@ void attn2(const Attn2Args& args, Stream stream) {
     p.idle_last = ctas == resident;
     p.resident = ctas <= resident;  // all of it on the GPU at once: the merging slice may wait for the others
   }
-  if (int err = launch_attn2(p, stream))
+  if (int err = detail::attn2_launch(p, stream))
     throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
 }
 
@@ -286,8 +289,8 @@ void attn2(const Attn2Args& args, Stream stream) {
 // A build without CUDA keeps the host API and answers the launches with
 // cudaErrorNotSupported.
 namespace muse_decode {
-int launch_attn2(const Attn2Params&, Stream) { return 801; }
 namespace detail {
+int attn2_launch(const Attn2Params&, Stream) { return 801; }
 int attn2_set_kernel_attributes(int*) { return 801; }
 int attn2_occupancy(int, int*, int*) { return 801; }
 }  // namespace detail

@@ -8,8 +8,8 @@
 // cudaLaunchKernelEx looks the kernel up in the current context on every call;
 // this calls the driver's cuLaunchKernelEx (through the runtime's entry-point
 // query: no link to libcuda) on the context-free kernel handle that
-// cudaGetKernel returns once per kernel. MUSE_DECODE_RUNTIME_LAUNCH=1 builds
-// the runtime call instead, for comparison (bench/bench_launch.cu).
+// cudaGetKernel returns once per kernel (the runtime call stays as the
+// fallback where the driver lacks the entry point).
 #pragma once
 
 #include <cuda.h>
@@ -18,9 +18,7 @@
 
 #include <cstddef>
 
-#ifndef MUSE_DECODE_RUNTIME_LAUNCH
-#define MUSE_DECODE_RUNTIME_LAUNCH 0
-#endif
+#include "hardware.h"
 
 namespace muse_decode::detail {
 
@@ -66,6 +64,10 @@ cudaKernel_t kernel_handle() {
   }();
   return k;
 }
+
+static_assert(kCudaSuccess == cudaSuccess && kCudaErrorInvalidValue == cudaErrorInvalidValue &&
+                  kCudaErrorNotSupported == cudaErrorNotSupported,
+              "hardware.h names the runtime's error codes");
 
 // The runtime's launch attributes are the driver's under other names (same
 // layout, same ids), so one array serves both calls.
@@ -116,7 +118,6 @@ template <auto Kernel, typename... Args>
 int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
   cudaLaunchAttribute attr[2];
   const unsigned n = launch_attributes(s, attr);
-#if !MUSE_DECODE_RUNTIME_LAUNCH
   const auto launch = driver_launch_fn();
   const cudaKernel_t k = kernel_handle<Kernel>();
   if (launch && k) {
@@ -135,7 +136,6 @@ int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args
     // A CUkernel stands for its function in the current context (CUDA 12).
     return static_cast<int>(launch(&config, reinterpret_cast<CUfunction>(k), params, nullptr));
   }
-#endif
   const cudaLaunchConfig_t config = runtime_config(s, attr, stream);
   return static_cast<int>(cudaLaunchKernelEx(&config, Kernel, args...));
 }

@@ -1,15 +1,16 @@
-// Warpgroup MMA (wgmma, sm_90a) as attn2 uses it: bf16 inputs, fp32
-// accumulators, 64 rows per warpgroup; operands in shared memory are
-// 128-byte swizzled (1024-byte atoms of 8 rows x 128 bytes). Accumulator
-// fragments: n-tile n (8 columns) of this thread in d[n], rows lane / 4 and
-// lane / 4 + 8 of the warp's 16, columns 2 (lane % 4) and + 1.
+// Warpgroup MMA (wgmma, sm_90a only): bf16 inputs, fp32 accumulators, 64
+// rows per warpgroup; operands in shared memory are 128-byte swizzled
+// (1024-byte atoms of 8 rows x 128 bytes). Accumulator fragments: n-tile n
+// (8 columns) of this thread in d[n], rows lane / 4 and lane / 4 + 8 of the
+// warp's 16, columns 2 (lane % 4) and + 1: the layout of mma.sync m16n8's
+// accumulators, so code written for one reads the other.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace muse_decode::detail {
+namespace muse_decode::ptx {
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand (1024-byte
 // atoms of 8 rows x 128 bytes): lbo / sbo in bytes, as wgmma reads them.
@@ -48,7 +49,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// The same with N = 8: d (64 x 8), e.g. attn2's 8-key pieces of a window's odd pages.
+// The same with N = 8: d (64 x 8).
 __device__ __forceinline__ void wgmma_ss(float (&d)[1][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %6, 0;\n\t"
@@ -67,16 +68,4 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-// O (an m64n64 accumulator fragment) of this thread's rows r = 0 (c0, c1) and
-// r = 1 (c2, c3) times the rows' alpha: the online softmax's rescale.
-__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    o[n][0] *= alpha[0];
-    o[n][1] *= alpha[0];
-    o[n][2] *= alpha[1];
-    o[n][3] *= alpha[1];
-  }
-}
-
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::ptx
