@@ -1,0 +1,239 @@
+// attn2's key loop with mma.sync: sm_100a (no wgmma there) and, built with
+// MUSE_ATTN2_SM90_MMA_SYNC, sm_90a.
+//
+// Loads: warp 0 also produces: it copies whole 4 KB (page, KV head) slots
+// with cp.async.bulk, one 8-page group per stage (schedule.cuh's
+// GroupSchedule), kStages stages, and issues group j + 3 into the stage all 8
+// warps have just released. (A fifth, producer-only warp would cost the
+// second CTA per SM: two CTAs of 5 warps put 3-4 warps on one SM
+// sub-partition, whose 16K registers then hold 128 per thread at most.)
+//
+// Math: warps w and w + 4 own rows w * 16 .. (two heads x 8 tokens) and take
+// keys 0-7 and 8-15 of every page with mma.sync m16n8k16. One 8x8 ldmatrix
+// matrix takes key t of each of the group's 8 pages (their slots sit in 8
+// different bank groups), so an mma's n (for S) or k (for P V) index is the
+// page within the group.
+#pragma once
+
+#include "../common/ptx.cuh"
+#include "config.cuh"
+#include "muse_decode/attn2.h"
+#include "rows.cuh"
+#include "schedule.cuh"
+#include "softmax.cuh"
+
+namespace muse_decode::attn2_impl {
+
+template <int kCluster, bool kOneSlice>
+struct MainloopMma {
+  const Attn2Params& p;
+  const int32_t* bt = nullptr;  // the request's block table
+  uint64_t* full;      // [kStages]: stage s's copies landed
+  uint64_t* empty;     // [kStages]: all 8 warps are done with stage s
+  uint32_t base;       // the stages
+  __nv_bfloat16* s_q;  // the Q tile after them: row = head * 8 + token, kQStride bf16 per row
+  int window, lane, warp, rw, kh;
+  int slice_id = 0, kvh = 0;  // this cluster's slice and KV head
+  KeyRange k{};
+  GroupSchedule g{};
+  int ids0 = -1;       // (lanes 0-7 of warp 0) the pages of this CTA's first group
+  int ids = -1, ids_next = -1;
+  uint64_t policy = 0;
+  const char* kv = nullptr;  // this KV head's slot of page 0
+  int64_t page_pitch = 0;    // bytes between pages
+  bool bad = false;    // a page id outside the cache
+
+  __device__ __forceinline__ MainloopMma(const CUtensorMap*, const Attn2Params& p_, uint8_t* smem, uint64_t* full_,
+                                         uint64_t* empty_, int window_, int)
+      : p(p_),
+        full(full_),
+        empty(empty_),
+        base(ptx::smem_addr(smem)),
+        s_q(reinterpret_cast<__nv_bfloat16*>(smem + kStagesBytes)),
+        window(window_),
+        lane(threadIdx.x % 32),
+        warp(threadIdx.x / 32),
+        rw(threadIdx.x / 32 % kRowWarps),
+        kh(threadIdx.x / 32 / kRowWarps) {}
+
+  // (Thread 0) stage s: full after 1 arrival and its bytes, empty after the 8 warps' arrivals.
+  __device__ __forceinline__ void init_barriers() const {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      ptx::mbar_init(&full[st], 1);
+      ptx::mbar_init(&empty[st], kWarps);
+    }
+  }
+
+  __device__ __forceinline__ bool early_push() const { return false; }
+  __device__ __forceinline__ int active() const { return g.active; }
+  __device__ __forceinline__ int slice() const { return slice_id; }
+  __device__ __forceinline__ int kv_head() const { return kvh; }
+
+  // Everything before the key loop: this thread's Q and gate, L, the
+  // schedule and the first ring's copies, all after griddepcontrol.wait (the
+  // one-slice kernels let the next launch start first). Returns false where
+  // the cluster has no keys (its slice is not in use).
+  template <typename Trace>
+  __device__ __forceinline__ bool start(RowInputs& in, const RowOwner<kCluster>& rows, const Deployment& d,
+                                        int split, int head_y, int rank, int req, Trace& trace) {
+    slice_id = split;
+    kvh = head_y;
+    if (kOneSlice) ptx::griddep_launch_dependents();
+    ptx::griddep_wait();
+    trace.mark(Phase::kWaited);
+    in = load_row_inputs(p, rows, req, kvh, rw, kh, lane);
+    bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
+    // Without a window the first pages do not depend on L: their ids load
+    // with it (one global latency saved).
+    if (warp == 0 && p.window == 0 && lane < kGroupPages) {
+      const int pi = (split * kCluster + rank) * kGroupPages + lane;
+      if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
+    }
+    const int len = p.seq_lens[req];
+    trace.mark_after(Phase::kLength, len);
+    k = key_range(len, window, p.max_model_len);
+    g = group_schedule<kCluster, kOneSlice>(d, k, split, kvh, rank, req);
+    if (g.leaves) return false;
+    load(kvh);
+    trace.mark(Phase::kAllIssued);
+    return true;
+  }
+
+  __device__ __forceinline__ void publish_q() const {}
+
+  // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
+  // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous one is used.
+  __device__ __forceinline__ int load_batch(int b) const {
+    const int it2 = b + lane / 8;
+    const int pi = k.first_page + g.group(it2) * kGroupPages + lane % 8;
+    return (it2 < g.my_groups && pi <= k.last_page) ? bt[pi] : -1;
+  }
+  // Group j (this CTA's j-th) into stage j % kStages, which is free.
+  __device__ __forceinline__ void issue(int j) {
+    const int st = j % kStages;
+    int id;
+    if (j == 0) {
+      id = ids0;
+    } else {
+      if (((j - 1) & 3) == 0) {
+        ids = ids_next;
+        ids_next = load_batch(j + 4);
+      }
+      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) & 3) * 8 + (lane & 7));
+    }
+    const bool want = lane < kGroupPages && k.first_page + g.group(j) * kGroupPages + lane <= k.last_page;
+    const bool ok = want && id >= 0 && id < p.num_pages;
+    bad |= want && !ok;
+    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+    if (lane == 0) ptx::mbar_arrive_expect_tx(&full[st], __popc(ok_mask) * kPageBytes);
+    __syncwarp();
+    if (ok)
+      ptx::bulk_copy_g2s(base + st * kStageBytes + lane * kSlotBytes, kv + id * page_pitch, kPageBytes,
+                         ptx::smem_addr(&full[st]), policy);
+  }
+
+  // The first ring (the kernel has waited for its predecessor already).
+  __device__ __forceinline__ void load(int kvh) {
+    policy = ptx::evict_first_policy();
+    kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
+    page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
+    if (warp != 0) return;
+    if (p.window != 0 && lane < kGroupPages && g.my_groups > 0 && k.first_page + g.me * kGroupPages + lane <= k.last_page)
+      ids0 = bt[k.first_page + g.me * kGroupPages + lane];
+    ids_next = load_batch(1);
+    for (int j = 0; j < min(kStages, g.my_groups); ++j) issue(j);
+  }
+
+  // The 16 Q rows of this warp's row block into the Q tile; each of the row
+  // block's two warps stores half of them.
+  __device__ __forceinline__ void stage_q(const uint4 (&qv)[2]) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
+      *reinterpret_cast<uint4*>(&s_q[(rw * 16 + r) * kQStride + c * 8]) = qv[j];
+    }
+  }
+
+  template <typename Trace>
+  __device__ __forceinline__ void run(SoftmaxState& st, Trace&) {
+    // This lane's ldmatrix row of the m16k16 Q fragments: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
+    const uint32_t q_addr = ptx::smem_addr(s_q) + (rw * 16 + lane % 8 + ((lane / 8) % 2) * 8) * (kQStride * 2) + (lane / 16) * 16;
+    const int L = k.len;
+    const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
+    const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
+    for (int it = 0; it < g.my_groups; ++it) {
+      const int stage = it % kStages;
+      ptx::mbar_wait(&full[stage], (it / kStages) & 1);
+      // ldmatrix row address of this lane: page slot lane % 8 of the stage.
+      const uint32_t slot = base + stage * kStageBytes + (lane % 8) * kSlotBytes;
+      const int key0 = (k.first_page + g.group(it) * kGroupPages) * kPageSize;
+      // Uniform per group: only groups holding keys past row 0's position or
+      // below row 7's window need masks (and, past L, zeroed V).
+      const bool masked = key0 + kGroupKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+
+      // S = Q K^T: n-tile t is key kh * kKeyTiles + t of the 8 pages; column n = page slot.
+      // k-step outer: one Q fragment (4 registers) live at a time.
+      float s[kKeyTiles][4];
+#pragma unroll
+      for (int t = 0; t < kKeyTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t qf[4];
+        ptx::ldmatrix_x4(qf, q_addr + ks * 32);
+        // Matrices: (key 2tp, dims 16ks..), (key 2tp, dims 16ks + 8..), then key 2tp + 1.
+        const uint32_t krow = slot + (lane / 16) * kKeyBytes + (2 * ks + (lane / 8) % 2) * 16;
+#pragma unroll
+        for (int tp = 0; tp < kKeyTiles / 2; ++tp) {
+          uint32_t b[4];
+          ptx::ldmatrix_x4(b, krow + (kh * kKeyTiles + 2 * tp) * kKeyBytes);
+          ptx::mma_m16n8k16_bf16(s[2 * tp], qf, b[0], b[1]);
+          ptx::mma_m16n8k16_bf16(s[2 * tp + 1], qf, b[2], b[3]);
+        }
+      }
+      if (masked)
+        mask_tile(s, [&](int t, int e) { return key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t; }, pos,
+                  p.window);
+      float alpha[2];
+      online_softmax(s, st.m, st.l, alpha);
+      rescale(st.o, alpha);
+      // O += P V: k-step kk covers keys 2kk (k 0..7 = slots) and 2kk + 1 (k 8..15).
+#pragma unroll
+      for (int lk = 0; lk < kKeyTiles / 2; ++lk) {
+        const int kk = kh * (kKeyTiles / 2) + lk;
+        const uint32_t a[4] = {ptx::pack_bf16(s[2 * lk][0], s[2 * lk][1]), ptx::pack_bf16(s[2 * lk][2], s[2 * lk][3]),
+                               ptx::pack_bf16(s[2 * lk + 1][0], s[2 * lk + 1][1]),
+                               ptx::pack_bf16(s[2 * lk + 1][2], s[2 * lk + 1][3])};
+        // Matrices: (key 2kk, dims 8c..), (key 2kk + 1, dims 8c..), then dims 8c + 8.
+        const uint32_t vrow = slot + (2 * kk + (lane / 8) % 2) * kKeyBytes + kHeadDim * 2 + (lane / 16) * 16;
+#pragma unroll
+        for (int cp = 0; cp < 4; ++cp) {
+          uint32_t v[4];
+          ptx::ldmatrix_x4_trans(v, vrow + cp * 32);
+          if (masked) {
+            // Keys past L may hold anything (NaN): P is 0 there, but 0 * NaN is not.
+            // This lane holds slots slot_lo (low half) and slot_lo + 1 (high half).
+            const int j_lo = key0 + slot_lo * kPageSize + 2 * kk;
+            const uint32_t keep0 = (j_lo < L ? 0x0000FFFFu : 0u) | (j_lo + kPageSize < L ? 0xFFFF0000u : 0u);
+            const uint32_t keep1 = (j_lo + 1 < L ? 0x0000FFFFu : 0u) | (j_lo + 1 + kPageSize < L ? 0xFFFF0000u : 0u);
+            v[0] &= keep0;
+            v[2] &= keep0;
+            v[1] &= keep1;
+            v[3] &= keep1;
+          }
+          ptx::mma_m16n8k16_bf16(st.o[2 * cp], a, v[0], v[1]);
+          ptx::mma_m16n8k16_bf16(st.o[2 * cp + 1], a, v[2], v[3]);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+      if (warp == 0 && it + kStages < g.my_groups) {
+        ptx::mbar_wait(&empty[stage], (it / kStages) & 1);  // every warp is done with this stage
+        issue(it + kStages);
+      }
+    }
+    st.reduce_row_sums();
+  }
+};
+
+}  // namespace muse_decode::attn2_impl

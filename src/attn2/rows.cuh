@@ -1,0 +1,84 @@
+// The rows of a (request, KV head) that each thread merges and finishes
+// after the key loop, and the per-thread inputs that do not depend on the
+// step's length: Q (each warp's share of its row block) and the gate of the
+// thread's merged row.
+#pragma once
+
+#include "../common/ptx.cuh"
+#include "config.cuh"
+#include "muse_decode/attn2.h"
+
+namespace muse_decode::attn2_impl {
+
+// The rows a thread merges and finishes: rank r's kMergeRows rows, each on
+// kRowThreads threads of the first half with kCols columns each: 32 threads
+// with 2 columns where the first half has that many threads (clusters of 16:
+// 4 rows per CTA), else 16 with 4. The work after the key loop is a chain of
+// dependent latencies, and half the columns per thread shortens it.
+template <int kCluster>
+struct RowOwner {
+  static constexpr int kMergeRows = kRows / kCluster;
+  static constexpr int kRowThreads = kMergeRows * 32 <= kHalfThreads ? 32 : 16;
+  static constexpr int kCols = kHeadDim / kRowThreads;
+  // Clusters of 16 on the wgmma path push straight from the first half's
+  // registers (each thread's 2 rows x 16 columns), not through an fp16 copy
+  // of O in shared memory (one-slice kernels: window -0.04 us, max_model_len
+  // 2048 -0.05; 2k -0.06). The receive area then holds two halves of n-tiles
+  // (0-3, 4-7), each in the fragment's order (a warp instruction writes two
+  // runs of 256 bytes), and the mergers map positions back to columns.
+  static constexpr bool kRegPush = kWgmma && kCols == 2;
+  static constexpr int kRecvHalfBytes = kRows * 32 * 2;  // (kRegPush) one half of n-tiles: 4 KB
+  static_assert(kCluster == 8 || kCluster == 16, "clusters of 8 or 16");
+  static_assert(kRows % kCluster == 0 && kMergeRows * 16 <= kHalfThreads,
+                "each CTA of the cluster merges 64 / C rows, at least 16 threads per row, in its first half");
+  static_assert(kRecvHalfBytes == kCluster * kMergeRows * 32 * 2, "the push's half stride");
+
+  bool merger;  // this thread merges and finishes a row
+  int row;      // head * 8 + token within the (request, KV head)'s 64
+  int d;        // this thread's first position in the merged row (workspace, receive area)
+  int dc;       // its first column: d, or (kRegPush) position 32h + 8q + 2j holds columns 8n + 2q, n = 4h + j
+
+  __device__ __forceinline__ explicit RowOwner(int rank)
+      : merger(threadIdx.x < kMergeRows * kRowThreads),
+        row(rank * kMergeRows + threadIdx.x / kRowThreads),
+        d((threadIdx.x % kRowThreads) * kCols),
+        dc(kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d) {}
+  __device__ __forceinline__ int token() const { return row % kVerifyLen; }
+  __device__ __forceinline__ int head(int kvh) const { return kvh * kHeadsPerKvHead + row / kVerifyLen; }
+};
+
+// What a thread loads before the key loop and keeps in registers until
+// the Q tile and the gate are staged in shared memory.
+struct RowInputs {
+  uint4 q[2];  // 2 x 16 bytes of its row block's 16 Q rows (the block's two warps share them)
+  uint2 gate;  // (merger threads) the bf16 gate of its kCols columns
+};
+
+// q and gate rows r * 8 + token of request req, head kvh * 8 + ...: row
+// block rw's rows rw * 16 + r (head 2 rw + r / 8, token r % 8), 8 x 16 bytes
+// each, and the merger's gate columns.
+template <int kCluster>
+__device__ __forceinline__ RowInputs load_row_inputs(const Attn2Params& p, const RowOwner<kCluster>& rows, int req,
+                                                     int kvh, int rw, int kh, int lane) {
+  RowInputs in;
+  in.gate = make_uint2(0u, 0u);
+  if (rows.merger) {
+    const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + rows.token();
+    const __nv_bfloat16* g =
+        static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + rows.head(kvh) * kHeadDim + rows.dc;
+    if constexpr (RowOwner<kCluster>::kCols == 4)
+      in.gate = *reinterpret_cast<const uint2*>(g);
+    else
+      in.gate.x = *reinterpret_cast<const uint32_t*>(g);
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
+    in.q[j] = *reinterpret_cast<const uint4*>(
+        static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
+        (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
+  }
+  return in;
+}
+
+}  // namespace muse_decode::attn2_impl
