@@ -13,7 +13,7 @@
 // max_model_len); all three experiments)
 #include <cuda_runtime.h>
 
-#include "bench_util.h"
+#include "graph_timing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,14 +28,13 @@
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/constants.h"
-#include "../src/attn2/attn2_kernels.h"
 
 namespace md = muse_decode;
 
 
 namespace {
 
-using md::bench::kCopyBandwidth;
+using md::timing::kCopyBandwidth;
 int64_t g_rotate_bytes = 3LL * 60 * 1000 * 1000;  // 3x the L2 (--rotate-mb M: M MB)
 
 __global__ void fill_random_bf16(uint16_t* p, int64_t n, uint32_t seed) {
@@ -70,9 +69,9 @@ void* g_scrub = nullptr;     // --scrub: kScrubBytes written before each timed r
 bool g_cache_per_call = false;  // --cache-per-call: each call its own cache tensor, one table (as bench_attn2.py)
 
 }  // namespace
-// Phase stamps of the last calls, when attn2.cu is built with -DMUSE_ATTN2_PROBE.
-extern "C" void muse_attn2_print_probe() __attribute__((weak));
-extern "C" void muse_attn2_dump_trace(const char* path) __attribute__((weak));
+// The trace ring of attn2's kernel, defined only in a build with
+// -DMUSE_DECODE_TRACE=1 (src/common/trace.cuh).
+extern "C" int muse_decode_dump_attn2_trace(const char* path) __attribute__((weak));
 namespace {
 
 double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& calls, bool pdl, cudaStream_t stream) {
@@ -84,15 +83,15 @@ double time_graph(const md::Attn2Args& base, const std::vector<md::Attn2Args>& c
     if (g_cluster_override) {  // an experiment: the split path with another cluster size
       md::Attn2Params prm = md::check_attn2(a);
       prm.cluster_size = g_cluster_override;
-      if (md::launch_attn2(prm, reinterpret_cast<md::Stream>(stream))) std::abort();
+      if (md::launch(prm, reinterpret_cast<md::Stream>(stream))) std::abort();
     } else {
       md::attn2(a, reinterpret_cast<md::Stream>(stream));
     }
   }
   CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
   CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
-  const double us = md::bench::time_graph(exec, stream, static_cast<int>(calls.size()), 7, [](cudaStream_t st) {
-                      if (g_scrub) md::bench::cuda_ok(cudaMemsetAsync(g_scrub, 1, kScrubBytes, st), "scrub");
+  const double us = md::timing::time_graph(exec, stream, static_cast<int>(calls.size()), 7, [](cudaStream_t st) {
+                      if (g_scrub) md::timing::cuda_ok(cudaMemsetAsync(g_scrub, 1, kScrubBytes, st), "scrub");
                     }).median_us;
   CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
   CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
@@ -234,12 +233,10 @@ int main(int argc, char** argv) {
   }
   std::printf("# %s\n", md::describe_device().c_str());
   md::prepare_attn2();
-  for (int c : {8, 16}) {
-    int per_sm = 0, clusters = 0;
-    md::detail::attn2_occupancy(c, &per_sm, &clusters);
-    std::printf("# clusters of %d: %d CTAs per SM, %d clusters co-resident (%d CTAs)\n", c, per_sm, clusters,
-                clusters * c);
-  }
+  const md::Attn2Residency res = md::attn2_residency();
+  std::printf("# one-slice clusters of %d CTAs; co-resident: %d clusters of 8 (%d CTAs), %d clusters of 16 (%d CTAs)\n",
+              res.short_cluster_size, res.resident_ctas_8 / 8, res.resident_ctas_8, res.resident_ctas_16 / 16,
+              res.resident_ctas_16);
   cudaStream_t stream;
   CUDA_CHECK_OR_EXIT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -265,14 +262,10 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const Result r = run_shape(s, stream, splits_override);
     results.push_back(r);
-    if (muse_attn2_print_probe) {
-      std::printf("# %s L %d (the PDL graph's last calls)\n", s.name, s.len);
-      muse_attn2_print_probe();
-    }
-    if (muse_attn2_dump_trace && std::getenv("MUSE_ATTN2_TRACE_DIR")) {
+    if (muse_decode_dump_attn2_trace && std::getenv("MUSE_ATTN2_TRACE_DIR")) {
       const std::string path = std::string(std::getenv("MUSE_ATTN2_TRACE_DIR")) + "/trace_" + s.name + "_" +
                                std::to_string(s.len) + ".bin";
-      muse_attn2_dump_trace(path.c_str());
+      muse_decode_dump_attn2_trace(path.c_str());
     }
     char line[1024];
     std::snprintf(line, sizeof line,

@@ -3,15 +3,14 @@
 // loop of launches of an empty kernel in the forms the ops use (triple
 // chevrons; cudaLaunchKernelEx with programmatic dependent launch, with a
 // cluster attribute, with both; a kernel whose cluster shape is compiled in),
-// the route op's own launch, and each op's whole C++ call (checks, then the
-// launch: what the Python binding adds is the rest of its host time). Host microseconds per launch, best of 20
-// loops of 400 launches; the GPU finishes each loop before the next starts,
-// so the launch queue never fills and the host never waits.
+// route's unchecked launch of its params, and each op's whole C++ call
+// (checks, then the launch: what the Python binding adds is the rest of its
+// host time). Host microseconds per launch, best of 20 loops of 400 launches;
+// the GPU finishes each loop before the next starts, so the launch queue never
+// fills and the host never waits.
 //
 //   bench_launch [--json path]
 #include <cuda_runtime.h>
-
-#include "../src/common/launch.cuh"
 
 #include <chrono>
 #include <cstdio>
@@ -20,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "graph_timing.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/route.h"
@@ -121,16 +120,17 @@ int main(int argc, char** argv) {
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(launch_ex(empty_kernel, s, 8, true, 8)); }, s)});
   rows.push_back({"__cluster_dims__(8) kernel, cudaLaunchKernelEx + PDL",
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(launch_ex(empty_cluster8_kernel, s, 8, true, 0)); }, s)});
-  // The ops' launch path (src/common/launch.cuh): the driver's cuLaunchKernelEx on a kernel handle.
-  namespace mdd = muse_decode::detail;
-  rows.push_back({"launch_kernel (driver cuLaunchKernelEx), PDL", host_us_per_launch([&] {
-                    CUDA_CHECK_OR_EXIT(cudaError_t(mdd::launch_kernel<empty_kernel>({dim3(8), dim3(256), 0, 0, true}, s, 0)));
-                  }, s)});
-  rows.push_back({"launch_kernel (driver cuLaunchKernelEx), cluster 8 + PDL", host_us_per_launch([&] {
-                    CUDA_CHECK_OR_EXIT(cudaError_t(mdd::launch_kernel<empty_kernel>({dim3(8), dim3(256), 0, 8, true}, s, 0)));
-                  }, s)});
-  rows.push_back({"route op (b = 8, metadata, PDL): launch_route",
-                  host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(cudaError_t(md::launch_route(p, reinterpret_cast<md::Stream>(s)))); }, s)});
+  const auto st = reinterpret_cast<md::Stream>(s);
+  rows.push_back({"route's unchecked launch (b = 8, metadata, PDL): launch(RouteParams)",
+                  host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(cudaError_t(md::launch(p, st))); }, s)});
+  md::prepare_route();
+  md::RouteArgs ra;
+  ra.logits = md::make_tensor(logits, md::DType::kFloat32, {8, 256});
+  ra.expert_bias = md::make_tensor(bias, md::DType::kFloat32, {256});
+  ra.ids = md::make_tensor(ids, md::DType::kInt32, {8, 8});
+  ra.weights = md::make_tensor(weights, md::DType::kFloat32, {8, 8});
+  ra.metadata = md::RoutingMetadata{md::make_tensor(meta, md::DType::kInt32, {md::metadata_size(128)}), 0, 32, 128};
+  rows.push_back({"route() C++ call (b = 8, metadata, PDL)", host_us_per_launch([&] { md::route(ra, st); }, s)});
 
   // The whole C++ calls: TP8 shapes, 8 tokens, PDL (as the package calls them).
   const int kvh = 2, heads = 16, n = md::qkv_width(kvh), L = 2048, pages = L / 16;
@@ -159,9 +159,8 @@ int main(int argc, char** argv) {
   CUDA_CHECK_OR_EXIT(cudaMemcpy(lens, &h_len, 4, cudaMemcpyHostToDevice));
   CUDA_CHECK_OR_EXIT(cudaMemset(front_ws, 0, front_ws_bytes));
   CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
-  CUDA_CHECK_OR_EXIT(cudaError_t(md::prepare_qkv_front()));
+  md::prepare_qkv_front();
   md::prepare_attn2();
-  const auto st = reinterpret_cast<md::Stream>(s);
   const md::TensorRef tx = md::make_tensor(x, md::DType::kBFloat16, {8, 8192}),
                       tw = md::make_tensor(w, md::DType::kBFloat16, {n, 8192}),
                       tpos = md::make_tensor(pos, md::DType::kInt64, {8}),
@@ -169,9 +168,16 @@ int main(int argc, char** argv) {
                       tcache = md::make_tensor(cache, md::DType::kBFloat16, {pages, kvh, 16, 128}),
                       tqkv = md::make_tensor(qkv, md::DType::kBFloat16, {8, n}),
                       tws = md::make_tensor(front_ws, md::DType::kUInt8, {front_ws_bytes});
-  rows.push_back({"qkv_front() C++ call (TP8, T = 8, NoPE, PDL)", host_us_per_launch([&] {
-                    md::qkv_front(tx, tw, tpos, md::TensorRef{}, tslots, tcache, kvh, tqkv, tws, st, true);
-                  }, s)});
+  md::QkvFrontArgs f;  // NoPE: no cos_sin
+  f.x = tx;
+  f.weight = tw;
+  f.positions = tpos;
+  f.slot_mapping = tslots;
+  f.kv_cache = tcache;
+  f.num_kv_heads = kvh;
+  f.out = tqkv;
+  f.workspace = tws;
+  rows.push_back({"qkv_front() C++ call (TP8, T = 8, NoPE, PDL)", host_us_per_launch([&] { md::qkv_front(f, st); }, s)});
   md::Attn2Args a;
   a.q = md::make_tensor(qkv, md::DType::kBFloat16, {8, heads * 64});
   a.q.stride[0] = n;
@@ -183,7 +189,6 @@ int main(int argc, char** argv) {
   a.out = md::make_tensor(attn_out, md::DType::kBFloat16, {8, heads * 64});
   a.max_model_len = L;
   a.num_splits = 1;
-  a.pdl = true;
   rows.push_back({"attn2() C++ call (TP8, L = 2048, PDL)", host_us_per_launch([&] { md::attn2(a, st); }, s)});
 
   std::printf("host us per launch (best of 20 loops of 400)\n");

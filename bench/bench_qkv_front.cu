@@ -14,15 +14,10 @@
 // (16-byte loads, 4 CTAs of 256 threads per SM, the SPEC's calibration
 // kernel) and cudaMemcpyAsync of the weight (copy bandwidth: read + write).
 //
-// --variants: instead of the table, the run-time knobs of qkv_front_tuning.h
-// side by side (kernel, cluster split, stages issued before the PDL wait), TP8
-// and TP1, each variant's T = 16 and T = 8 outputs checked against the
-// stream-K kernel's (relative RMS).
-//
-// Usage: bench_qkv_front [--json PATH] [--quick] [--variants]
+// Usage: bench_qkv_front [--json PATH] [--quick]
 #include <cuda_runtime.h>
 
-#include "bench_util.h"
+#include "graph_timing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,7 +30,6 @@
 
 #include "muse_decode/arch.h"
 #include "muse_decode/qkv_front.h"
-#include "../src/qkv_front/qkv_front_tuning.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -43,7 +37,7 @@ using md::DType;
 
 namespace {
 
-using md::bench::kCopyBandwidth;
+using md::timing::kCopyBandwidth;
 constexpr int kMaxPos = 4096;
 constexpr int kPages = 256;
 
@@ -73,8 +67,8 @@ __global__ void read_anchor(const uint4* __restrict__ p, size_t n16, uint32_t* s
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
 }
 
-using Timing = md::bench::GraphTiming;
-using md::bench::time_graph;
+using Timing = md::timing::GraphTiming;
+using md::timing::time_graph;
 
 struct Row {
   std::string shape;
@@ -87,13 +81,12 @@ struct Row {
 
 int main(int argc, char** argv) {
   const char* json_path = nullptr;
-  bool quick = false, variants = false;
+  bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--variants")) variants = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--quick] [--variants]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -107,7 +100,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", line.c_str());
     if (json) std::fprintf(json, "%s\n", line.c_str());
   };
-  CUDA_CHECK_OR_EXIT(static_cast<cudaError_t>(md::prepare_qkv_front()));
+  md::prepare_qkv_front();
   cudaStream_t stream;
   CUDA_CHECK_OR_EXIT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const int sms = md::sm_count();
@@ -159,27 +152,25 @@ int main(int argc, char** argv) {
     CUDA_CHECK_OR_EXIT(cudaMemcpy(slots, hs.data(), 16 * 8, cudaMemcpyHostToDevice));
     CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
 
-    // One eager call before any capture (the host caches its device queries).
-    md::qkv_front(md::make_tensor(x, DType::kBFloat16, {1, 8192}), md::make_tensor(w, DType::kBFloat16, {n, 8192}),
-                  md::make_tensor(pos, DType::kInt64, {1}), md::make_tensor(cs, DType::kFloat32, {kMaxPos, 64}),
-                  md::make_tensor(slots, DType::kInt64, {1}),
-                  md::make_tensor(cache, DType::kBFloat16, {kPages, kvh, 16, 128}), kvh,
-                  md::make_tensor(out, DType::kBFloat16, {1, n}), md::make_tensor(ws, DType::kInt32, {ws_bytes / 4}),
-                  reinterpret_cast<md::Stream>(stream));
-    CUDA_CHECK_OR_EXIT(cudaStreamSynchronize(stream));
-
     // One call of T tokens on weight copy `copy`.
     const auto call = [&](int T, int copy, int pdl) {
-      md::qkv_front(md::make_tensor(x, DType::kBFloat16, {T, 8192}),
-                    md::make_tensor(w + static_cast<size_t>(copy % copies) * (wbytes / 2), DType::kBFloat16,
-                                    {n, 8192}),
-                    md::make_tensor(pos, DType::kInt64, {T}), md::make_tensor(cs, DType::kFloat32, {kMaxPos, 64}),
-                    md::make_tensor(slots, DType::kInt64, {T}),
-                    md::make_tensor(cache, DType::kBFloat16, {kPages, kvh, 16, 128}), kvh,
-                    md::make_tensor(out, DType::kBFloat16, {T, n}),
-                    md::make_tensor(ws, DType::kInt32, {ws_bytes / 4}), reinterpret_cast<md::Stream>(stream),
-                    pdl != 0);
+      md::QkvFrontArgs a;
+      a.x = md::make_tensor(x, DType::kBFloat16, {T, 8192});
+      a.weight = md::make_tensor(w + static_cast<size_t>(copy % copies) * (wbytes / 2), DType::kBFloat16, {n, 8192});
+      a.positions = md::make_tensor(pos, DType::kInt64, {T});
+      a.cos_sin = md::make_tensor(cs, DType::kFloat32, {kMaxPos, 64});
+      a.slot_mapping = md::make_tensor(slots, DType::kInt64, {T});
+      a.kv_cache = md::make_tensor(cache, DType::kBFloat16, {kPages, kvh, 16, 128});
+      a.num_kv_heads = kvh;
+      a.out = md::make_tensor(out, DType::kBFloat16, {T, n});
+      a.workspace = md::make_tensor(ws, DType::kInt32, {ws_bytes / 4});
+      a.pdl = pdl != 0;
+      md::qkv_front(a, reinterpret_cast<md::Stream>(stream));
     };
+    // One eager call before any capture.
+    call(1, 0, 0);
+    CUDA_CHECK_OR_EXIT(cudaStreamSynchronize(stream));
+
     // Graph replay of `calls` calls, each on the next weight copy.
     const auto time_calls = [&](int T, int pdl) {
       cudaGraph_t graph;
@@ -193,72 +184,10 @@ int main(int argc, char** argv) {
       CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
       return tm;
     };
-    // out of one eager call (weight copy 0) as floats.
-    const auto out_of = [&](int T) {
-      call(T, 0, 0);
-      CUDA_CHECK_OR_EXIT(cudaStreamSynchronize(stream));
-      std::vector<uint16_t> bits(static_cast<size_t>(T) * n);
-      CUDA_CHECK_OR_EXIT(cudaMemcpy(bits.data(), out, bits.size() * 2, cudaMemcpyDeviceToHost));
-      std::vector<double> v(bits.size());
-      for (size_t i = 0; i < bits.size(); ++i) {
-        const uint32_t f = uint32_t{bits[i]} << 16;
-        float x;
-        std::memcpy(&x, &f, 4);
-        v[i] = x;
-      }
-      return v;
-    };
-
-    if (variants) {
-      namespace tn = md::qkv_front_tuning;
-      if (kvh == 2)
-        std::printf("# cluster kernel, max active clusters: nt1/C3 %d, nt2/C3 %d, nt1/C2 %d, nt2/C2 %d\n",
-                    tn::max_active_clusters(1, 3), tn::max_active_clusters(2, 3), tn::max_active_clusters(1, 2),
-                    tn::max_active_clusters(2, 2));
-      struct Variant {
-        const char* name;
-        tn::Tuning t;
-      };
-      std::vector<Variant> list;
-      if (kvh == 2) {
-        list = {{"streamK", {1, 0, 0, 0, 0}},          {"streamK pre6", {1, 0, 0, 0, 6}},
-                {"cluster", {2, 0, 0, 0, 0}},          {"cl own42", {2, 0, 42, 0, 0}},
-                {"cl own46", {2, 0, 46, 0, 0}},        {"cl own50", {2, 0, 50, 0, 0}},
-                {"cl pre=all", {2, 0, 0, 16, 0}},      {"cl pre3", {2, 0, 0, 3, 0}},
-                {"cl pre5", {2, 0, 0, 5, 0}},          {"cl C2", {2, 2, 64, 0, 0}},
-                {"cl own40", {2, 0, 40, 0, 0}},        {"cl own54", {2, 0, 54, 0, 0}},
-                {"cl own58", {2, 0, 58, 0, 0}},        {"cl own62", {2, 0, 62, 0, 0}}};
-      } else {
-        list = {{"streamK", {1, 0, 0, 0, 0}}, {"streamK pre6", {1, 0, 0, 0, 6}}, {"streamK pre4", {1, 0, 0, 0, 4}}};
-      }
-      tn::set(tn::Tuning{1, 0, 0, 0, 0});
-      const auto ref16 = out_of(16), ref8 = out_of(8);
-      const std::vector<int> Ts = kvh == 2 ? std::vector<int>{1, 4, 8, 9, 16} : std::vector<int>{1, 8, 16};
-      std::printf("\n%-5s %-14s %9s", shape, "variant", "relerr");
-      for (int T : Ts) std::printf("   T=%-2d", T);
-      std::printf("   T=1,8 pdl0\n");
-      for (const Variant& v : list) {
-        tn::set(v.t);
-        double e2 = 0, r2 = 0;
-        for (int T : {16, 8}) {
-          const auto got = out_of(T);
-          const auto& ref = T == 16 ? ref16 : ref8;
-          for (size_t i = 0; i < got.size(); ++i) {
-            e2 += (got[i] - ref[i]) * (got[i] - ref[i]);
-            r2 += ref[i] * ref[i];
-          }
-        }
-        std::printf("%-5s %-14s %9.2e", shape, v.name, std::sqrt(e2 / r2));
-        for (int T : Ts) std::printf(" %7.2f", time_calls(T, 1).median_us);
-        std::printf("  %6.2f %6.2f\n", time_calls(1, 0).median_us, time_calls(8, 0).median_us);
-        std::fflush(stdout);
-      }
-      tn::set(tn::Tuning{});
-    }
 
     for (int pdl : {1, 0})
       for (int T = 1; T <= 16; ++T) {
-        if (variants || (quick && T != 1 && T != 8 && T != 16)) continue;
+        if (quick && T != 1 && T != 8 && T != 16) continue;
         const Timing tm = time_calls(T, pdl);
         // Bytes that must move: weight, x, out, cos_sin rows, positions and
         // slots read, k and v rows written to the cache.

@@ -35,7 +35,7 @@ def main():
         calls = 8 * copies if tp == 8 else 4 * copies  # each weight copy used once per replay... then again
         cos_sin = torch.randn(MAX_POS, 64, device="cuda")
         cache = torch.zeros(PAGES, kvh, 16, 128, device="cuda", dtype=torch.bfloat16)
-        ws = torch.zeros(md.qkv_front_workspace_bytes(kvh), dtype=torch.uint8, device="cuda")
+        ws = torch.zeros(md.qkv_front_workspace_bytes_for_device(kvh), dtype=torch.uint8, device="cuda")
         wbytes = n * 8192 * 2
         for t in (1, 2, 4, 8, 16):
             x = torch.randn(t, 8192, device="cuda", dtype=torch.bfloat16)
@@ -43,7 +43,7 @@ def main():
             slots = torch.randperm(PAGES * 16, device="cuda")[:t]
             out = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
             seq = [weights[i % copies] for i in range(calls)]
-            ours = timer.graph_us([(lambda w=w: md.launch_qkv_front(x, w, pos, cos_sin, slots, cache, kvh, out, ws))
+            ours = timer.graph_us([(lambda w=w: md.qkv_front(x, w, pos, cos_sin, slots, cache, kvh, out, ws))
                                    for w in seq])
             gemm = timer.graph_us([(lambda w=w: torch.matmul(x, w.t())) for w in seq])
             chain = timer.graph_us([(lambda w=w: stock.qkv_front(x, w, pos, cos_sin, slots, cache, kvh)) for w in seq])

@@ -58,8 +58,7 @@ def main():
         theirs_route = timer.graph_us([(lambda i=i: stock.route(xs[i], bias)) for i in range(n_stock)])
         x0, i0, w0, m0 = xs[0], ids[0], ws[0], metas[0]
         host = timer.host_us(lambda: routing(x0, i0, w0, m0))
-        impl = routing
-        host_check = timer.host_us(lambda: impl.check(x0, i0, w0, m0.buffer, OFFSET, LOCAL, TILE))
+        host_check = timer.host_us(lambda: md.unsupported_route_call(x0, bias, 1.0, i0, w0, m0))
         nbytes = b * 256 * 4 + 256 * 4 + b * 8 * 8 + 4 * (200 + 8 * b * TILE)
         rows.append(dict(op="route", b=b, tile_n=TILE, local_experts=LOCAL, us_per_call=round(ours, 3),
                          us_l2_hot=round(hot, 3), us_no_pdl=round(no_pdl, 3), us_no_metadata=round(no_meta, 3),

@@ -1,8 +1,10 @@
-// What the C++ benchmarks and the muse-decode tool share: the copy bandwidth
-// the floors use, a CUDA check that exits, and timing by CUDA-graph replay: warm-up replays, then `replays` timed replays of a graph
-// holding `calls` calls, each timed with events; the median (and minimum) in
-// microseconds per call. `before_each` runs on the stream before every timed
-// replay, outside the timed region (an L2 flush, say).
+// Timing by CUDA-graph replay, the muse-decode tool's and the C++
+// benchmarks' (which include it from tools/): the copy bandwidth the floors
+// use, a CUDA check that exits, and time_graph: warm-up replays, then
+// `replays` timed replays of a graph holding `calls` calls, each timed with
+// events; the median (and minimum) in microseconds per call. `before_each`
+// runs on the stream before every timed replay, outside the timed region (an
+// L2 flush, say).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,7 +26,7 @@
     }                                                                                                \
   } while (0)
 
-namespace muse_decode::bench {
+namespace muse_decode::timing {
 
 inline constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, H200 device-to-device copy (SPEC 9)
 
@@ -64,4 +66,4 @@ inline GraphTiming time_graph(cudaGraphExec_t exec, cudaStream_t stream, int cal
   return time_graph(exec, stream, calls, replays, [](cudaStream_t) {});
 }
 
-}  // namespace muse_decode::bench
+}  // namespace muse_decode::timing

@@ -46,7 +46,7 @@ __global__ void insert_kernel(const __nv_bfloat16* y, int n, int heads, int kvh,
 
 // One block of 128 threads per (row, head): online softmax over the visible
 // keys, thread-strided, then a block reduction of (max, sum, 64 accumulators).
-__global__ void attention_kernel(AttnArgs a) {
+__global__ void attention_kernel(UnfusedAttentionArgs a) {
   const int heads = kHeadsPerKvHead * a.num_kv_heads;
   const int row = blockIdx.x / heads, h = blockIdx.x % heads, kv = h / kHeadsPerKvHead;
   const int r = row / kVerifyLen, i = row % kVerifyLen;
@@ -88,7 +88,7 @@ __global__ void attention_kernel(AttnArgs a) {
   }
 }
 
-__global__ void norm_gate_kernel(AttnArgs a) {
+__global__ void norm_gate_kernel(UnfusedAttentionArgs a) {
   const int heads = kHeadsPerKvHead * a.num_kv_heads;
   const int row = blockIdx.x / heads, h = blockIdx.x % heads, d = threadIdx.x;  // 64 threads
   const float o = a.scratch[row * heads * kHeadDim + h * kHeadDim + d];
@@ -104,7 +104,7 @@ __global__ void norm_gate_kernel(AttnArgs a) {
 }
 
 // One block of 256 threads per token: 8 rounds of block arg-max.
-__global__ void route_kernel(RouteArgs a) {
+__global__ void route_kernel(UnfusedRouteArgs a) {
   const int t = blockIdx.x, e = threadIdx.x;
   __shared__ float s[kNumExperts], key[kNumExperts];
   __shared__ bool used[kNumExperts];
@@ -134,7 +134,7 @@ __global__ void route_kernel(RouteArgs a) {
   }
 }
 
-__global__ void metadata_kernel(RouteArgs a) {  // one thread: the plain serial build
+__global__ void metadata_kernel(UnfusedRouteArgs a) {  // one thread: the plain serial build
   const int routes = a.tokens * kTopK, tile = a.tile_n;
   int32_t* md = a.metadata;
   __shared__ int count[kNumExperts], first[kNumExperts], seen[kNumExperts];
@@ -170,7 +170,7 @@ __global__ void metadata_kernel(RouteArgs a) {  // one thread: the plain serial 
 
 }  // namespace
 
-void unfused_front(const FrontArgs& a, void* handle, cudaStream_t stream) {
+void unfused_front(const UnfusedFrontArgs& a, void* handle, cudaStream_t stream) {
   const int n = qkv_width(a.num_kv_heads), heads = kHeadsPerKvHead * a.num_kv_heads;
   cublasHandle_t h = static_cast<cublasHandle_t>(handle);
   cublasSetStream(h, stream);
@@ -185,13 +185,13 @@ void unfused_front(const FrontArgs& a, void* handle, cudaStream_t stream) {
                                                                static_cast<__nv_bfloat16*>(a.kv_cache));
 }
 
-void unfused_attention(const AttnArgs& a, cudaStream_t stream) {
+void unfused_attention(const UnfusedAttentionArgs& a, cudaStream_t stream) {
   const int blocks = a.reqs * kVerifyLen * kHeadsPerKvHead * a.num_kv_heads;
   attention_kernel<<<blocks, 128, 0, stream>>>(a);
   norm_gate_kernel<<<blocks, kHeadDim, 0, stream>>>(a);
 }
 
-void unfused_route(const RouteArgs& a, cudaStream_t stream) {
+void unfused_route(const UnfusedRouteArgs& a, cudaStream_t stream) {
   route_kernel<<<a.tokens, kNumExperts, 0, stream>>>(a);
   if (a.metadata) metadata_kernel<<<1, 1, 0, stream>>>(a);
 }

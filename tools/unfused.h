@@ -11,7 +11,7 @@ namespace muse_decode::tool {
 
 // bf16 y [T, N] = x [T, 8192] W^T (cuBLAS), then q/k weightless RMS norm and
 // interleaved RoPE (cos_sin may be null), then the k/v cache insert.
-struct FrontArgs {
+struct UnfusedFrontArgs {
   const void* x;            // bf16 [T, 8192]
   const void* weight;       // bf16 [N, 8192]
   const int64_t* positions; // [T]
@@ -21,11 +21,11 @@ struct FrontArgs {
   void* out;                // bf16 [T, N]
   int tokens, num_kv_heads;
 };
-void unfused_front(const FrontArgs& a, void* cublas_handle, cudaStream_t stream);
+void unfused_front(const UnfusedFrontArgs& a, void* cublas_handle, cudaStream_t stream);
 
 // Paged attention of the 8 rows of each request (one block per row and head),
 // then the o-norm and sigmoid gate (a second kernel).
-struct AttnArgs {
+struct UnfusedAttentionArgs {
   const void* q;            // bf16 [R*8, H*64], row stride q_stride
   const void* gate;         // bf16 [R*8, H*64], row stride gate_stride
   int64_t q_stride, gate_stride;
@@ -37,11 +37,11 @@ struct AttnArgs {
   void* out;                // bf16 [R*8, H*64]
   int reqs, num_kv_heads, window;
 };
-void unfused_attention(const AttnArgs& a, cudaStream_t stream);
+void unfused_attention(const UnfusedAttentionArgs& a, cudaStream_t stream);
 
 // Routing: sigmoid and bias, top-8 by repeated arg-max, weights; then the
 // metadata by one thread, as a plain permutation kernel would.
-struct RouteArgs {
+struct UnfusedRouteArgs {
   const float* logits;      // [b, 256]
   const float* bias;        // [256]
   int32_t* ids;             // [b, 8]
@@ -49,6 +49,6 @@ struct RouteArgs {
   int32_t* metadata;        // the layout of muse_decode/route.h
   int tokens, local_expert_offset, num_local_experts, tile_n;
 };
-void unfused_route(const RouteArgs& a, cudaStream_t stream);
+void unfused_route(const UnfusedRouteArgs& a, cudaStream_t stream);
 
 }  // namespace muse_decode::tool

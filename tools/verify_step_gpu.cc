@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "bench_util.h"
+#include "graph_timing.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/qkv_front.h"
@@ -24,7 +24,7 @@
 namespace muse_decode::tool {
 namespace {
 
-using bench::cuda_ok;
+using timing::cuda_ok;
 
 template <typename T>
 struct Device {
@@ -110,7 +110,8 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   prepare_attn2();
-  cuda_ok(cudaError_t(prepare_qkv_front()), "prepare_qkv_front");
+  prepare_qkv_front();
+  prepare_route();
 
   note(d, "allocating random weights and caches");
   Device<uint16_t> x(size_t(T) * kHiddenSize), w(size_t(layers) * n * kHiddenSize), out(size_t(T) * n),
@@ -155,21 +156,24 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   cuda_ok(cudaDeviceSynchronize(), "memset");  // the legacy stream's memsets before the tool's stream
   const size_t layer_cache = cache.n / layers;
 
-  auto front_call = [&](int l) {  // qkv_front over all T tokens, 16 at a time
+  auto front_call = [&](int l) {  // qkv_front over all T tokens, 16 at a time (pdl, as the package launches it)
     for (int t0 = 0; t0 < T; t0 += kFrontMaxTokens) {
       const int tn = std::min(kFrontMaxTokens, T - t0);
-      qkv_front(make_tensor(x.ptr + size_t(t0) * kHiddenSize, DType::kBFloat16, {tn, kHiddenSize}),
-                make_tensor(w.ptr + size_t(l) * n * kHiddenSize, DType::kBFloat16, {n, kHiddenSize}),
-                make_tensor(positions.ptr + t0, DType::kInt64, {tn}),
-                rope ? make_tensor(cos_sin.ptr, DType::kFloat32, {L, 64}) : TensorRef{},
-                make_tensor(slots.ptr + t0, DType::kInt64, {tn}),
-                make_tensor(cache.ptr + layer_cache * l, DType::kBFloat16, {int64_t(R) * pages_per_req, kvh, kPageSize, 128}),
-                kvh, make_tensor(out.ptr + size_t(t0) * n, DType::kBFloat16, {tn, n}),
-                make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)}), reinterpret_cast<Stream>(stream),
-                /*pdl=*/true);  // as the package launches it
+      QkvFrontArgs a;
+      a.x = make_tensor(x.ptr + size_t(t0) * kHiddenSize, DType::kBFloat16, {tn, kHiddenSize});
+      a.weight = make_tensor(w.ptr + size_t(l) * n * kHiddenSize, DType::kBFloat16, {n, kHiddenSize});
+      a.positions = make_tensor(positions.ptr + t0, DType::kInt64, {tn});
+      if (rope) a.cos_sin = make_tensor(cos_sin.ptr, DType::kFloat32, {L, 64});
+      a.slot_mapping = make_tensor(slots.ptr + t0, DType::kInt64, {tn});
+      a.kv_cache =
+          make_tensor(cache.ptr + layer_cache * l, DType::kBFloat16, {int64_t(R) * pages_per_req, kvh, kPageSize, 128});
+      a.num_kv_heads = kvh;
+      a.out = make_tensor(out.ptr + size_t(t0) * n, DType::kBFloat16, {tn, n});
+      a.workspace = make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)});
+      qkv_front(a, reinterpret_cast<Stream>(stream));
     }
   };
-  auto attn_call = [&](int l) {
+  auto attn_call = [&](int l) {  // pdl, as the package launches it
     Attn2Args a;
     TensorRef q = make_tensor(out.ptr, DType::kBFloat16, {T, heads * kHeadDim});
     q.stride[0] = n;
@@ -185,7 +189,6 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     a.max_model_len = L;
     a.window = window;
     a.num_splits = splits;
-    a.pdl = true;  // as the package launches it
     attn2(a, reinterpret_cast<Stream>(stream));
   };
   std::vector<OpResult> results;
@@ -290,7 +293,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     RoutingMetadata m{make_tensor(d_md.ptr + i * md_len, DType::kInt32, {md_len}), 0, local, d.tile_n};
     routing(make_tensor(d_logits.ptr + size_t(i) * 8 * kNumExperts, DType::kFloat32, {8, kNumExperts}),
             make_tensor(d_ids.ptr + i * 64, DType::kInt32, {8, 8}), make_tensor(d_weights.ptr + i * 64, DType::kFloat32, {8, 8}),
-            &m, reinterpret_cast<Stream>(stream));
+            m, reinterpret_cast<Stream>(stream));
   };
   for (int i = 0; i < route_calls; ++i) route_call(i);
   cuda_ok(cudaStreamSynchronize(stream), "route");
@@ -330,7 +333,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   auto time_it = [&](int calls, auto&& call) {
     Graph g;
     capture(g, stream, calls, call);
-    return bench::time_graph(g.exec, stream, calls, d.replays, flush).median_us;
+    return timing::time_graph(g.exec, stream, calls, d.replays, flush).median_us;
   };
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
@@ -339,7 +342,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   results[0].us = time_it(op_calls, [&](int i) { front_call(i % layers); });
   results[0].unfused_us = time_it(op_calls, [&](int i) {
     const int l = i % layers;
-    unfused_front({x.ptr, w.ptr + size_t(l) * n * kHiddenSize, positions.ptr, rope ? cos_sin.ptr : nullptr, slots.ptr,
+    unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(l) * n * kHiddenSize, positions.ptr, rope ? cos_sin.ptr : nullptr, slots.ptr,
                    cache.ptr + layer_cache * l, out.ptr, T, kvh},
                   cublas, stream);
   });
@@ -347,20 +350,20 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   results[1].us = time_it(op_calls, [&](int i) { attn_call(i % layers); });
   results[1].unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
     const int l = i % layers;
-    unfused_attention({out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n, cache.ptr + layer_cache * l,
+    unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n, cache.ptr + layer_cache * l,
                        table.ptr, pages_per_req, lens.ptr, scratch.ptr, attn.ptr, R, kvh, window},
                       stream);
   });
   note(d, "timing route (fused and unfused)");
   results[2].us = time_it(route_calls, route_call);
   results[2].unfused_us = time_it(64, [&](int i) {
-    unfused_route({d_logits.ptr + size_t(i) * 8 * kNumExperts, d_bias.ptr, d_ids.ptr + i * 64, d_weights.ptr + i * 64,
+    unfused_route(UnfusedRouteArgs{d_logits.ptr + size_t(i) * 8 * kNumExperts, d_bias.ptr, d_ids.ptr + i * 64, d_weights.ptr + i * 64,
                    d_md.ptr + i * md_len, 8, 0, local, d.tile_n},
                   stream);
   });
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
-  for (auto& r : results) r.floor_us = r.bytes / bench::kCopyBandwidth * 1e6;
+  for (auto& r : results) r.floor_us = r.bytes / timing::kCopyBandwidth * 1e6;
   return results;
 }
 

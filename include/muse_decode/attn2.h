@@ -42,11 +42,24 @@ int attn2_splits(int max_model_len, int window, int num_kv_heads);
 int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
 
 // One-time setup for CUDA device `device` (-1: the current one): kernel
-// attributes (dynamic shared memory, clusters of 16 CTAs). Call it outside
-// graph capture, before the first call on that device. Throws
-// std::invalid_argument on a GPU the kernels were not built for and
-// std::runtime_error when the CUDA runtime refuses the attributes.
+// attributes (dynamic shared memory, clusters of 16 CTAs) and the occupancy
+// the launches are sized by. Call it outside graph capture, before the first
+// call on that device. Throws std::invalid_argument on a GPU the kernels were
+// not built for (or a device that is not there) and std::runtime_error when
+// the CUDA runtime refuses the attributes.
 void prepare_attn2(int device = -1);
+
+// What prepare_attn2 measured on a device: the one-slice path's cluster size
+// and how many CTAs of the kernel fit on the GPU at once with clusters of 8
+// and of 16 (cudaOccupancyMaxActiveClusters times the cluster size; a split
+// grid that fills exactly that many is launched with idle_last and resident).
+struct Attn2Residency {
+  int short_cluster_size = 0;  // 16 where the GPU places a cluster of 16, else 8
+  int resident_ctas_8 = 0;
+  int resident_ctas_16 = 0;
+};
+// Throws std::invalid_argument before prepare_attn2(device).
+Attn2Residency attn2_residency(int device = -1);
 
 // ---------------------------------------------------------------------------
 // The layer attributes attn2 depends on (what vLLM's MuseSpark1xAttention carries).
@@ -77,7 +90,7 @@ struct Attn2Args {
   int max_model_len = 0;  // of the deployment: sizes the grid and bounds L
   int window = 0;         // attn2_window(layer's sliding window, max_model_len); 0 = none
   int num_splits = 1;     // attn2_splits(max_model_len, window, KVH), or any value in [1, 32]
-  bool pdl = false;       // launch with programmatic dependent launch (see below)
+  bool pdl = true;        // launch with programmatic dependent launch (see below)
 };
 // With pdl the kernel may start while the kernel before it still runs. Before
 // its griddepcontrol.wait it reads only seq_lens, block_table and the cached
@@ -113,11 +126,17 @@ struct Attn2Params {
                                       // sets it where the split grid fills the GPU exactly (placed last)
   bool resident = false;              // the whole split grid fits on the GPU at once: one slice merges by
                                       // polling the others' partials, no ticket; attn2() sets it
+                                      // (from attn2_residency)
 };
+
+// Why attn2 does not take this call (the argument, the expected and the
+// actual value), or nullopt when it does. The same text check_attn2 throws.
+std::optional<std::string> unsupported_attn2_call(const Attn2Args& args);
 
 // Checks every argument (std::invalid_argument naming it, with the expected
 // and the actual value) and returns the kernel parameters; launches nothing
-// and needs no GPU.
+// and needs no GPU. The device-dependent fields (cluster_size where 16 cannot
+// be placed, idle_last, resident) are attn2()'s to set.
 Attn2Params check_attn2(const Attn2Args& args);
 
 // check_attn2, then the launch on `stream`. Throws std::invalid_argument on bad
@@ -125,7 +144,28 @@ Attn2Params check_attn2(const Attn2Args& args);
 // launch error. Allocates nothing, never synchronises.
 void attn2(const Attn2Args& args, Stream stream);
 
-// Enqueue the kernel; no checks. Returns the launch error (cudaError_t as int).
-int launch_attn2(const Attn2Params& params, Stream stream);
+// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
+int launch(const Attn2Params& params, Stream stream);
+
+// attn2 bound to a layer's KV cache and workspace and the deployment's sizes:
+// the constructor validates them once (std::invalid_argument naming the
+// argument) and prepares the cache's device; a call passes the step's tensors
+// and runs attn2() (every check still runs on every call). The bound views
+// must stay valid: bind again after replacing one.
+class Attn2 {
+ public:
+  Attn2(const TensorRef& kv_cache, const TensorRef& workspace, int max_model_len, int window, int num_splits);
+
+  void operator()(const TensorRef& q, const TensorRef& gate, const TensorRef& block_table, const TensorRef& seq_lens,
+                  const TensorRef& out, Stream stream, bool pdl = true) const;
+
+  // The Attn2Args of one call (what operator() passes to attn2()).
+  Attn2Args args(const TensorRef& q, const TensorRef& gate, const TensorRef& block_table,
+                 const TensorRef& seq_lens, const TensorRef& out, bool pdl = true) const;
+
+ private:
+  TensorRef kv_cache_, workspace_;
+  int max_model_len_, window_, num_splits_;
+};
 
 }  // namespace muse_decode

@@ -31,7 +31,7 @@ inline constexpr int kFrontPartialBytes = 128 * 2 * 4 * 4;        // 4 KB
 // Whether the front serves a projection of output width n for num_kv_heads
 // KV heads: n == qkv_width(num_kv_heads), num_kv_heads in {1, 2, 4, 8, 16}
 // (TP16, TP8, TP4, TP2, TP1 of Muse Spark's 16 KV heads).
-bool supports_shape(int n, int num_kv_heads);
+bool qkv_front_supports_shape(int n, int num_kv_heads);
 
 // CTAs of a launch for num_kv_heads on a GPU with sm_count multiprocessors:
 // one per SM (a persistent stream-K grid), never more than there are blocks.
@@ -43,6 +43,7 @@ int qkv_front_ctas(int num_kv_heads, int sm_count);
 // sm_count < 1.
 int64_t qkv_front_workspace_bytes(int num_kv_heads, int sm_count);
 // The same for CUDA device `device` (its multiprocessor count; -1: current).
+// Throws std::invalid_argument when there is no such device.
 int64_t qkv_front_workspace_bytes_for_device(int num_kv_heads, int device = -1);
 
 // ---------------------------------------------------------------------------
@@ -83,31 +84,23 @@ struct ProjectionDesc {
 std::optional<std::string> unsupported_projection(const ProjectionDesc& attn);
 
 // ---------------------------------------------------------------------------
-// Per-call checks. Arguments (SPEC section 6):
-//   x             bf16 [T, 8192], 1 <= T <= 16, unit column stride, row stride a
-//                 multiple of 8 elements, 16-byte aligned (read with TMA)
-//   weight        bf16 [N, 8192] contiguous, N = qkv_width(num_kv_heads), 16-byte aligned
-//   positions     int64 [T] contiguous (rows of cos_sin; clamped into the table)
-//   cos_sin       fp32 [max_pos, 64] contiguous, or absent for a layer without RoPE
-//   slot_mapping  int64 [T] contiguous; -1 (or any slot outside the cache): no insert
-//   kv_cache      bf16 [pages, num_kv_heads, 16, 128] contiguous, 16-byte aligned
-//   out           bf16 [T, N], unit column stride, row stride a multiple of 8, 16-byte
-//                 aligned; may be absent (the check of everything else)
-// The reason names the argument with the expected and the actual value; the
-// last check is the GPU family of the tensors' device.
-std::optional<std::string> unsupported_call(const TensorRef& x, const TensorRef& weight,
-                                            const TensorRef& positions, const TensorRef& cos_sin,
-                                            const TensorRef& slot_mapping, const TensorRef& kv_cache,
-                                            int num_kv_heads, const TensorRef& out = TensorRef{});
-// Whether the front takes this call (else the caller keeps the unfused path).
-bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                   const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
-                   int num_kv_heads);
-bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                   const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
-                   int num_kv_heads, const TensorRef& out);
+// One call (SPEC section 6).
+struct QkvFrontArgs {
+  TensorRef x;             // bf16 [T, 8192], 1 <= T <= 16, unit column stride, row stride a multiple
+                           // of 8 elements, 16-byte aligned (read with TMA); decides the device
+  TensorRef weight;        // bf16 [N, 8192] contiguous, N = qkv_width(num_kv_heads), 16-byte aligned
+  TensorRef positions;     // int64 [T] contiguous (rows of cos_sin; clamped into the table)
+  TensorRef cos_sin;       // fp32 [max_pos, 64] contiguous (cos | sin); absent: a layer without RoPE
+  TensorRef slot_mapping;  // int64 [T] contiguous; -1 (or any slot outside the cache): no insert
+  TensorRef kv_cache;      // bf16 [pages, num_kv_heads, 16, 128] contiguous, 16-byte aligned
+  int num_kv_heads = 0;    // 1, 2, 4, 8 or 16
+  TensorRef out;           // bf16 [T, N], unit column stride, row stride a multiple of 8, 16-byte aligned
+  TensorRef workspace;     // contiguous 1-D, >= qkv_front_workspace_bytes_for_device(num_kv_heads, device)
+                           // bytes, 16-byte aligned, zeroed when allocated
+  bool pdl = true;         // launch with programmatic dependent launch: the kernel streams its weight
+                           // before griddepcontrol.wait and reads x, positions and slot_mapping after
+};
 
-// ---------------------------------------------------------------------------
 // Launch parameters (device layer; check_qkv_front fills them).
 struct QkvFrontParams {
   const void* x = nullptr;            // bf16 [num_tokens, 8192]; 16-byte aligned
@@ -128,29 +121,58 @@ struct QkvFrontParams {
   bool pdl = false;                   // launch with programmatic dependent launch
 };
 
-// One-time setup of the current CUDA device (the kernels' shared-memory limit,
-// the driver's tensor-map encoder), outside graph capture; launch_qkv_front
-// does it lazily otherwise. Returns the cudaError_t as int.
-int prepare_qkv_front();
+// Why the front does not take this call (the argument, the expected and the
+// actual value), or nullopt when it does; the caller then keeps the unfused
+// path. `out` and `workspace` may be absent: then the check of everything
+// else. With both present, the same text check_qkv_front throws.
+std::optional<std::string> unsupported_qkv_front_call(const QkvFrontArgs& args);
+// unsupported_qkv_front_call(args) is nullopt.
+bool qkv_front_supports_call(const QkvFrontArgs& args);
 
-// Enqueue the kernel; no argument checks. Returns the cudaError_t as int
-// (801, not supported, in a build without CUDA).
-int launch_qkv_front(const QkvFrontParams& params, Stream stream);
+// Checks every argument, out and workspace included (std::invalid_argument
+// naming it, before anything is launched), and returns the launch
+// parameters; launches nothing and needs no GPU (the workspace's size is
+// that of the device's multiprocessor count, 1 where there is none).
+QkvFrontParams check_qkv_front(const QkvFrontArgs& args);
 
-// Checks every argument (std::invalid_argument naming it, before anything is
-// launched) and returns the launch parameters. workspace: a contiguous 1-D
-// device buffer of at least qkv_front_workspace_bytes_for_device(num_kv_heads,
-// device) bytes, zeroed when allocated.
-QkvFrontParams check_qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                               const TensorRef& cos_sin, const TensorRef& slot_mapping,
-                               const TensorRef& kv_cache, int num_kv_heads, const TensorRef& out,
-                               const TensorRef& workspace);
+// check_qkv_front, then the launch on `stream`. Throws std::invalid_argument
+// on bad arguments or a device prepare_qkv_front has not set up,
+// std::runtime_error on a launch error. Allocates nothing, never
+// synchronises; capturable in a CUDA graph.
+void qkv_front(const QkvFrontArgs& args, Stream stream);
 
-// check_qkv_front, then launch on `stream`; throws std::runtime_error on a
-// launch error. Allocates nothing; capturable in a CUDA graph.
-void qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-               const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
-               int num_kv_heads, const TensorRef& out, const TensorRef& workspace, Stream stream,
-               bool pdl = false);
+// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
+int launch(const QkvFrontParams& params, Stream stream);
+
+// One-time setup for CUDA device `device` (-1: the current one): the kernels'
+// shared-memory limit, the driver's tensor-map encoder, the multiprocessor
+// count. Call it outside graph capture, before the first call on that device.
+// Throws std::invalid_argument on a GPU the kernels were not built for (or a
+// device that is not there) and std::runtime_error when the CUDA runtime
+// refuses the setup.
+void prepare_qkv_front(int device = -1);
+
+// The front bound to a layer's weight, rotary table (absent: no RoPE), KV
+// cache, KV-head count and workspace: the constructor validates them once
+// (std::invalid_argument naming the argument) and prepares the weight's
+// device; a call passes the step's tensors and runs qkv_front() (every check
+// still runs on every call). The bound views must stay valid: bind again after
+// replacing one.
+class QkvFront {
+ public:
+  QkvFront(const TensorRef& weight, const TensorRef& cos_sin, const TensorRef& kv_cache, int num_kv_heads,
+           const TensorRef& workspace);
+
+  void operator()(const TensorRef& x, const TensorRef& positions, const TensorRef& slot_mapping,
+                  const TensorRef& out, Stream stream, bool pdl = true) const;
+
+  // The QkvFrontArgs of one call (what operator() passes to qkv_front()).
+  QkvFrontArgs args(const TensorRef& x, const TensorRef& positions, const TensorRef& slot_mapping,
+                    const TensorRef& out, bool pdl = true) const;
+
+ private:
+  TensorRef weight_, cos_sin_, kv_cache_, workspace_;
+  int num_kv_heads_;
+};
 
 }  // namespace muse_decode

@@ -69,7 +69,19 @@ struct RouterDesc {
 std::optional<std::string> unsupported_router(const RouterDesc& router);
 
 // ---------------------------------------------------------------------------
-// Launch parameters of the kernel (device layer; the host checks fill them).
+// One call: route 1..8 tokens, with the metadata of this rank's experts when
+// `metadata` is set.
+struct RouteArgs {
+  TensorRef logits;       // fp32 [b, 256], 1 <= b <= 8, unit column stride, rows 16-byte aligned
+  TensorRef expert_bias;  // fp32 [256], contiguous, 16-byte aligned; decides the device
+  double route_scale = kRouteScale;  // finite
+  TensorRef ids;          // int32 [b, 8], contiguous: global expert ids
+  TensorRef weights;      // fp32 [b, 8], contiguous
+  std::optional<RoutingMetadata> metadata;  // absent: ids and weights only
+  bool pdl = true;        // launch with programmatic dependent launch (see route())
+};
+
+// Launch parameters of the kernel (device layer; check_route fills them).
 struct RouteParams {
   const float* logits = nullptr;   // [num_tokens, 256] fp32; rows 16-byte aligned
   int64_t logits_stride = 256;     // elements between rows, multiple of 4
@@ -85,35 +97,49 @@ struct RouteParams {
   bool pdl = false;                // launch with programmatic dependent launch
 };
 
-// Enqueue the kernel; no checks (callers use MuseRouting). Returns the launch error.
-int launch_route(const RouteParams& params, Stream stream);  // cudaError_t as int
+// Why route does not take this call (the argument, the expected and the
+// actual value), or nullopt when it does. The same text check_route throws.
+std::optional<std::string> unsupported_route_call(const RouteArgs& args);
+
+// Checks every argument (std::invalid_argument naming it, with the expected
+// and the actual value) and returns the kernel parameters; launches nothing
+// and needs no GPU.
+RouteParams check_route(const RouteArgs& args);
+
+// check_route, then the launch on `stream`. Throws std::invalid_argument on
+// bad arguments or a device prepare_route has not set up, std::runtime_error
+// on a launch error. Allocates nothing, never synchronises; capturable in a
+// CUDA graph. With pdl the kernel loads the bias before its
+// griddepcontrol.wait and writes nothing before it, so it is correct whatever
+// precedes it (and ~0.3 us faster in a chain, and cheaper to launch).
+void route(const RouteArgs& args, Stream stream);
+
+// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
+int launch(const RouteParams& params, Stream stream);
+
+// One-time setup for CUDA device `device` (-1: the current one), outside graph
+// capture, before the first route() on it. Throws std::invalid_argument on a
+// GPU the kernels were not built for (or a device that is not there).
+void prepare_route(int device = -1);
 
 // The routing of one layer, bound to its bias and route scale. Construction
-// validates the router (throws std::invalid_argument with the reason); a call
-// checks its tensors, allocates nothing and is capturable in a CUDA graph.
+// validates the router (std::invalid_argument with the reason) and prepares
+// the bias's device; a call checks its tensors, allocates nothing and is
+// capturable in a CUDA graph.
 class MuseRouting {
  public:
   explicit MuseRouting(const RouterDesc& router);
 
-  // Checks every argument (std::invalid_argument naming it) and returns the
-  // kernel parameters; launches nothing.
-  RouteParams check(const TensorRef& logits, const TensorRef& ids, const TensorRef& weights,
-                    const RoutingMetadata* metadata) const;
-  // check() then launch on `stream`; throws std::runtime_error on a launch
-  // error. With pdl the kernel is launched with programmatic dependent launch:
-  // it loads the bias before waiting for the previous kernel and writes
-  // nothing before, so it is correct whatever precedes it (and ~0.3 us
-  // faster in a chain, and cheaper to launch on the host).
+  // route() of these tensors with the bound bias and scale.
   void operator()(const TensorRef& logits, const TensorRef& ids, const TensorRef& weights,
-                  const RoutingMetadata* metadata, Stream stream, bool pdl = true) const;
+                  const std::optional<RoutingMetadata>& metadata, Stream stream, bool pdl = true) const;
 
-  const float* bias() const { return bias_; }
-  float route_scale() const { return route_scale_; }
+  const TensorRef& expert_bias() const { return bias_; }
+  double route_scale() const { return route_scale_; }
 
  private:
-  const float* bias_;
-  int bias_device_;
-  float route_scale_;
+  TensorRef bias_;
+  double route_scale_;
 };
 
 }  // namespace muse_decode

@@ -13,18 +13,24 @@ namespace muse_decode::python {
 void bind_route(nb::module_& m);
 void bind_qkv_front(nb::module_& m);
 void bind_attn2(nb::module_& m);
-}
+}  // namespace muse_decode::python
 
 NB_MODULE(_C, m) {
   using namespace muse_decode;
   m.doc() = "muse-decode: fused CUDA kernels of the Muse Spark verify step";
-  m.def("_register_dtype", &python::register_dtype, "dtype"_a, "code"_a);
+  m.def(
+      "_register_dtype",
+      [](nb::handle dtype, nb::handle code) { python::register_dtype(dtype, python::int_arg(code, "code")); },
+      "dtype"_a, "code"_a);
   m.def("unavailable", &unavailable, "kernel"_a);
   m.def("built_with_cuda", &built_with_cuda);
   m.def(
-      "gpu_family", [](int device) { return std::string(gpu_family_name(gpu_family(device))); },
+      "gpu_family",
+      [](nb::handle device) { return std::string(gpu_family_name(gpu_family(python::int_arg(device, "device")))); },
       "device"_a = -1);
-  m.def("describe_device", &describe_device, "device"_a = -1);
+  m.def(
+      "describe_device", [](nb::handle device) { return describe_device(python::int_arg(device, "device")); },
+      "device"_a = -1);
   python::bind_route(m);
   python::bind_qkv_front(m);
   python::bind_attn2(m);

@@ -4,11 +4,35 @@ Takes PyTorch tensors at run time, runs on torch's current CUDA stream,
 allocates nothing per call and is capturable under ``torch.cuda.graph``.
 Imports without a GPU and without PyTorch (the pure host functions work;
 the ops need CUDA tensors).
+
+Every op has the same shape as in the C++ library (include/muse_decode/<op>.h),
+with the same names: the op, checked then launched, taking its arguments as
+keyword arguments (``route``, ``attn2``, ``qkv_front``; ``pdl=True`` by
+default everywhere); the check that returns the reason the op would raise
+(``unsupported_route_call``, ``unsupported_attn2_call``,
+``unsupported_qkv_front_call``); the one-time setup of a device, raising on
+failure (``prepare_route``, ``prepare_attn2``, ``prepare_qkv_front``); and a
+bound form over a layer's static tensors that prepares their device
+(``MuseRouting``, ``Attn2``, ``QkvFront``). The C++ library's unchecked
+launch of a params struct has no Python counterpart: Python passes tensors,
+and every call is checked. The seed's names stay as aliases, the same
+objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
+``qkv_front_supports_call``, ``supports_shape`` is
+``qkv_front_supports_shape``.
 """
 
 from . import _C
 from ._C import unavailable
-from .attention import Attn2, attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
+from .attention import (
+    Attn2,
+    attn2,
+    attn2_splits,
+    attn2_window,
+    attn2_workspace_bytes,
+    prepare_attn2,
+    unsupported_attn2,
+    unsupported_attn2_call,
+)
 from .constants import (
     DIVISION_EPS,
     HEAD_DIM,
@@ -24,18 +48,25 @@ from .routing import (
     RoutingMetadata,
     fold_router_output_multiplier,
     metadata_size,
+    prepare_route,
+    route,
+    unsupported_route_call,
     unsupported_router,
 )
 from .front import (
     QkvFront,
     launch_qkv_front,
     prepare_qkv_front,
+    qkv_front,
+    qkv_front_supports_call,
+    qkv_front_supports_shape,
     qkv_front_workspace_bytes,
+    qkv_front_workspace_bytes_for_device,
     split_qkv,
     supports_call,
     supports_shape,
-    unsupported_call,
     unsupported_projection,
+    unsupported_qkv_front_call,
 )
 from .platform import gpu_family, sm90, sm100_family, supported_gpu
 
@@ -46,14 +77,40 @@ from .platform import gpu_family, sm90, sm100_family, supported_gpu
 __version__ = "0.1.0"
 
 __all__ = [
+    # route
+    "MuseRouting",
+    "RoutingMetadata",
+    "fold_router_output_multiplier",
+    "metadata_size",
+    "prepare_route",
+    "route",
+    "unsupported_route_call",
+    "unsupported_router",
+    # attn2
     "Attn2",
-    "QkvFront",
     "attn2",
     "attn2_splits",
     "attn2_window",
     "attn2_workspace_bytes",
     "prepare_attn2",
     "unsupported_attn2",
+    "unsupported_attn2_call",
+    # qkv_front
+    "QkvFront",
+    "prepare_qkv_front",
+    "qkv_front",
+    "qkv_front_supports_call",
+    "qkv_front_supports_shape",
+    "qkv_front_workspace_bytes",
+    "qkv_front_workspace_bytes_for_device",
+    "split_qkv",
+    "unsupported_projection",
+    "unsupported_qkv_front_call",
+    # the seed's names for qkv_front's
+    "launch_qkv_front",
+    "supports_call",
+    "supports_shape",
+    # constants
     "DIVISION_EPS",
     "HEAD_DIM",
     "HEADS_PER_KV_HEAD",
@@ -62,22 +119,10 @@ __all__ = [
     "ROUTER_OUTPUT_MULTIPLIER",
     "ROUTING_MAX_TOKENS",
     "TOP_K",
-    "MuseRouting",
-    "RoutingMetadata",
-    "fold_router_output_multiplier",
+    # the GPU
     "gpu_family",
-    "launch_qkv_front",
-    "prepare_qkv_front",
-    "qkv_front_workspace_bytes",
-    "split_qkv",
-    "supports_call",
-    "supports_shape",
-    "unsupported_call",
-    "unsupported_projection",
-    "metadata_size",
     "sm90",
     "sm100_family",
     "supported_gpu",
     "unavailable",
-    "unsupported_router",
 ]

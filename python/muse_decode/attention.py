@@ -22,11 +22,6 @@ def attn2_workspace_bytes(num_reqs: int, num_kv_heads: int, num_splits: int) -> 
     return _C.attn2_workspace_bytes(num_reqs, num_kv_heads, num_splits)
 
 
-def prepare_attn2(device: int = -1) -> None:
-    """One-time setup of `device` (function attributes, cluster size), outside graph capture."""
-    _C.prepare_attn2(device)
-
-
 def unsupported_attn2(layer) -> str | None:
     """Why attn2 cannot compute this MuseSpark1xAttention layer (use_o_norm,
     use_o_gate, head_dim, num_heads, num_kv_heads, scaling, rms_norm_eps), or None."""
@@ -35,13 +30,16 @@ def unsupported_attn2(layer) -> str | None:
                                 float(layer.rms_norm_eps))
 
 
-# The extension's function itself: no Python frame on the per-call path (host
-# cost, SPEC section 7). attn2(q, gate, kv_cache, block_table, seq_lens, out,
-# workspace, max_model_len, window, num_splits, pdl=True) -> out.
+# The extension's functions and class themselves: no Python frame on the
+# per-call path (host cost, SPEC section 7).
+#   attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits,
+#         pdl=True) -> out
+#   unsupported_attn2_call(the same arguments) -> the reason attn2 would raise, or None
+#   prepare_attn2(device=-1): one-time setup of a device, outside graph capture
+#   Attn2(kv_cache, workspace, max_model_len, window, num_splits), then
+#   bound(q, gate, block_table, seq_lens, out, pdl=True) -> out: the layer's
+#   tensors checked once and their device prepared; keep their storage in place.
 attn2 = _C.attn2
-
-# attn2 bound to a layer's KV cache, workspace and the deployment's sizes:
-# Attn2(kv_cache, workspace, max_model_len, window, num_splits), then
-# bound(q, gate, block_table, seq_lens, out, pdl=True) -> out. Fewer tensors
-# read per call; keep the bound tensors' storage in place.
+unsupported_attn2_call = _C.unsupported_attn2_call
+prepare_attn2 = _C.prepare_attn2
 Attn2 = _C.Attn2

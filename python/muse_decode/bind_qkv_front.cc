@@ -1,4 +1,5 @@
-// Python binding of qkv_front: translation only; the checks live in
+// Python binding of qkv_front: translation only (tensors to views, integers
+// to ints, errors to ValueError / RuntimeError); the checks live in
 // src/qkv_front/qkv_front_host.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -13,106 +14,178 @@ using namespace nb::literals;
 namespace muse_decode::python {
 
 namespace {
-// A layer's front with its static tensors bound: their attributes are read
-// once, here, and the per-call path reads only x, positions, slot_mapping and
-// out (SPEC section 7: validate what does not change once). Every check still
-// runs on every call, on the views. The bound tensors are kept alive; their
-// storage must stay where it is (as under CUDA-graph capture): bind again
-// after replacing one (weight.data = ...).
+QkvFrontArgs qkv_front_args(nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin,
+                            nb::handle slot_mapping, nb::handle kv_cache, nb::handle num_kv_heads, nb::handle out,
+                            nb::handle workspace, bool pdl) {
+  QkvFrontArgs a;
+  a.x = tensor_ref(x, "x");
+  a.weight = tensor_ref(weight, "weight");
+  a.positions = tensor_ref(positions, "positions");
+  a.cos_sin = tensor_ref(cos_sin, "cos_sin");
+  a.slot_mapping = tensor_ref(slot_mapping, "slot_mapping");
+  a.kv_cache = tensor_ref(kv_cache, "kv_cache");
+  a.num_kv_heads = int_arg(num_kv_heads, "num_kv_heads");
+  a.out = tensor_ref(out, "out");
+  a.workspace = tensor_ref(workspace, "workspace");
+  a.pdl = pdl;
+  return a;
+}
+
+// The C++ bound form and the Python objects it views, kept alive with it.
 struct BoundQkvFront {
   nb::object weight_obj, cos_sin_obj, kv_cache_obj, workspace_obj;
-  TensorRef weight, cos_sin, kv_cache, workspace;
-  int num_kv_heads = 0;
+  QkvFront op;
 };
 }  // namespace
 
 void bind_qkv_front(nb::module_& m) {
-  m.def("supports_shape", &supports_shape, "n"_a, "num_kv_heads"_a);
-  m.def("qkv_front_workspace_bytes", &qkv_front_workspace_bytes_for_device, "num_kv_heads"_a, "device"_a = -1);
-  m.def("prepare_qkv_front", [] {
-    if (int err = prepare_qkv_front()) throw std::runtime_error("prepare_qkv_front: CUDA error " + std::to_string(err));
-  });
+  m.def(
+      "qkv_front_supports_shape",
+      [](nb::handle n, nb::handle num_kv_heads) {
+        return qkv_front_supports_shape(int_arg(n, "n"), int_arg(num_kv_heads, "num_kv_heads"));
+      },
+      nb::sig("def qkv_front_supports_shape(n: int, num_kv_heads: int) -> bool"), "n"_a.none(), "num_kv_heads"_a.none(),
+      "Whether the front serves a [q | k | v | gate] projection of width n for num_kv_heads KV heads.");
+  m.def(
+      "qkv_front_workspace_bytes",
+      [](nb::handle num_kv_heads, nb::handle sm_count) {
+        return qkv_front_workspace_bytes(int_arg(num_kv_heads, "num_kv_heads"), int_arg(sm_count, "sm_count"));
+      },
+      nb::sig("def qkv_front_workspace_bytes(num_kv_heads: int, sm_count: int) -> int"), "num_kv_heads"_a.none(),
+      "sm_count"_a.none(),
+      "Bytes of the workspace a launch for num_kv_heads needs on a GPU of sm_count multiprocessors; zero it\n"
+      "once when allocating it.");
+  m.def(
+      "qkv_front_workspace_bytes_for_device",
+      [](nb::handle num_kv_heads, nb::handle device) {
+        return qkv_front_workspace_bytes_for_device(int_arg(num_kv_heads, "num_kv_heads"), int_arg(device, "device"));
+      },
+      nb::sig("def qkv_front_workspace_bytes_for_device(num_kv_heads: int, device: int = -1) -> int"),
+      "num_kv_heads"_a.none(), "device"_a.none() = -1,
+      "qkv_front_workspace_bytes for CUDA device `device` (-1: the current one). ValueError without such a\n"
+      "device.");
+  m.def(
+      "prepare_qkv_front", [](nb::handle device) { prepare_qkv_front(int_arg(device, "device")); },
+      nb::sig("def prepare_qkv_front(device: int = -1) -> None"), "device"_a.none() = -1,
+      "One-time setup of CUDA device `device` (-1: the current one) for qkv_front (kernel attributes, the\n"
+      "tensor-map encoder), outside graph capture. ValueError on a GPU the kernels were not built for,\n"
+      "RuntimeError when the CUDA runtime refuses the setup.");
   m.def(
       "unsupported_projection",
-      [](bool quantized, bool has_bias, bool gather_output, int tp_size, nb::handle weight, int num_heads,
-         int num_kv_heads, int head_dim, bool use_rope, bool rotary_present, int rotary_dim, bool is_neox_style,
-         nb::handle cos_sin) {
+      [](bool quantized, bool has_bias, bool gather_output, nb::handle tp_size, nb::handle weight, nb::handle num_heads,
+         nb::handle num_kv_heads, nb::handle head_dim, bool use_rope, bool rotary_present, nb::handle rotary_dim,
+         bool is_neox_style, nb::handle cos_sin) {
         ProjectionDesc d;
         d.quantized = quantized;
         d.has_bias = has_bias;
         d.gather_output = gather_output;
-        d.tp_size = tp_size;
+        d.tp_size = int_arg(tp_size, "tp_size");
         d.weight = tensor_ref(weight, "weight");
-        d.num_heads = num_heads;
-        d.num_kv_heads = num_kv_heads;
-        d.head_dim = head_dim;
+        d.num_heads = int_arg(num_heads, "num_heads");
+        d.num_kv_heads = int_arg(num_kv_heads, "num_kv_heads");
+        d.head_dim = int_arg(head_dim, "head_dim");
         d.use_rope = use_rope;
         d.rotary.present = rotary_present;
-        d.rotary.rotary_dim = rotary_dim;
+        d.rotary.rotary_dim = int_arg(rotary_dim, "rotary_dim");
         d.rotary.is_neox_style = is_neox_style;
         d.rotary.cos_sin = tensor_ref(cos_sin, "cos_sin_cache");
         return unsupported_projection(d);
       },
-      "quantized"_a, "has_bias"_a, "gather_output"_a, "tp_size"_a, "weight"_a.none(), "num_heads"_a,
-      "num_kv_heads"_a, "head_dim"_a, "use_rope"_a, "rotary_present"_a, "rotary_dim"_a, "is_neox_style"_a,
-      "cos_sin"_a.none());
+      nb::sig("def unsupported_projection(quantized: bool, has_bias: bool, gather_output: bool, tp_size: int, weight: "
+              "torch.Tensor | None, num_heads: int, num_kv_heads: int, head_dim: int, use_rope: bool, rotary_present: "
+              "bool, rotary_dim: int, is_neox_style: bool, cos_sin: torch.Tensor | None) -> str | None"),
+      "quantized"_a, "has_bias"_a, "gather_output"_a, "tp_size"_a.none(), "weight"_a.none(), "num_heads"_a.none(),
+      "num_kv_heads"_a.none(), "head_dim"_a.none(), "use_rope"_a, "rotary_present"_a, "rotary_dim"_a.none(),
+      "is_neox_style"_a, "cos_sin"_a.none());
   m.def(
-      "unsupported_call",
-      [](nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin, nb::handle slots,
-         nb::handle kv_cache, int num_kv_heads, nb::handle out) {
-        return unsupported_call(tensor_ref(x, "x"), tensor_ref(weight, "weight"), tensor_ref(positions, "positions"),
-                                tensor_ref(cos_sin, "cos_sin"), tensor_ref(slots, "slot_mapping"),
-                                tensor_ref(kv_cache, "kv_cache"), num_kv_heads, tensor_ref(out, "out"));
+      "unsupported_qkv_front_call",
+      [](nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin, nb::handle slot_mapping,
+         nb::handle kv_cache, nb::handle num_kv_heads, nb::handle out, nb::handle workspace, bool pdl) {
+        return reason_or_check(
+            [&] {
+              return qkv_front_args(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace,
+                                    pdl);
+            },
+            [](const QkvFrontArgs& a) { return unsupported_qkv_front_call(a); });
       },
-      "x"_a, "weight"_a, "positions"_a, "cos_sin"_a.none(), "slot_mapping"_a, "kv_cache"_a, "num_kv_heads"_a,
-      "out"_a.none() = nb::none());
+      nb::sig("def unsupported_qkv_front_call(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, cos_sin: "
+              "torch.Tensor | None, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, out: "
+              "torch.Tensor | None = None, workspace: torch.Tensor | None = None, pdl: bool = True) -> str | None"),
+      "x"_a.none(), "weight"_a.none(), "positions"_a.none(), "cos_sin"_a.none(), "slot_mapping"_a.none(),
+      "kv_cache"_a.none(), "num_kv_heads"_a.none(), "out"_a.none() = nb::none(), "workspace"_a.none() = nb::none(),
+      "pdl"_a = true,
+      "Why the front does not take this call (the argument, the expected and the actual value: the text\n"
+      "qkv_front raises), or None. Without out and workspace, the check of everything else.");
   m.def(
-      "launch_qkv_front",
-      [](nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin, nb::handle slots,
-         nb::handle kv_cache, int num_kv_heads, nb::handle out, nb::handle workspace, bool pdl) {
-        const TensorRef xr = tensor_ref(x, "x");
-        qkv_front(xr, tensor_ref(weight, "weight"), tensor_ref(positions, "positions"), tensor_ref(cos_sin, "cos_sin"),
-                  tensor_ref(slots, "slot_mapping"), tensor_ref(kv_cache, "kv_cache"), num_kv_heads,
-                  tensor_ref(out, "out"), tensor_ref(workspace, "workspace"), current_stream(xr.device), pdl);
+      "qkv_front_supports_call",
+      [](nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin, nb::handle slot_mapping,
+         nb::handle kv_cache, nb::handle num_kv_heads, nb::handle out, nb::handle workspace, bool pdl) {
+        return !reason_or_check(
+            [&] {
+              return qkv_front_args(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace,
+                                    pdl);
+            },
+            [](const QkvFrontArgs& a) { return unsupported_qkv_front_call(a); });
+      },
+      nb::sig("def qkv_front_supports_call(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, cos_sin: "
+              "torch.Tensor | None, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, out: "
+              "torch.Tensor | None = None, workspace: torch.Tensor | None = None, pdl: bool = True) -> bool"),
+      "x"_a.none(), "weight"_a.none(), "positions"_a.none(), "cos_sin"_a.none(), "slot_mapping"_a.none(),
+      "kv_cache"_a.none(), "num_kv_heads"_a.none(), "out"_a.none() = nb::none(), "workspace"_a.none() = nb::none(),
+      "pdl"_a = true,
+      "Whether the front takes this call of a layer with num_kv_heads (unsupported_qkv_front_call gives\n"
+      "None); otherwise the caller keeps the unfused path. With out and workspace, the full check before\n"
+      "qkv_front.");
+  m.def(
+      "qkv_front",
+      [](nb::handle x, nb::handle weight, nb::handle positions, nb::handle cos_sin, nb::handle slot_mapping,
+         nb::handle kv_cache, nb::handle num_kv_heads, nb::handle out, nb::handle workspace, bool pdl) {
+        const QkvFrontArgs a =
+            qkv_front_args(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace, pdl);
+        qkv_front(a, current_stream(a.x.device));
         return nb::borrow(out);
       },
-      "x"_a, "weight"_a, "positions"_a, "cos_sin_cache"_a.none(), "slot_mapping"_a, "kv_cache"_a, "num_kv_heads"_a,
-      "out"_a, "workspace"_a, "pdl"_a = true,
-      "out = [q | k | v | gate] of x W^T with q and k RMS-normed per head (and roped when cos_sin_cache is\n"
-      "given), k and v inserted into kv_cache at slot_mapping (-1: no insert), on torch's current stream.\n"
-      "ValueError naming the argument on bad input, before any launch. Returns out.");
+      nb::sig("def qkv_front(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor | "
+              "None, slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, out: torch.Tensor, "
+              "workspace: torch.Tensor, pdl: bool = True) -> torch.Tensor"),
+      "x"_a.none(), "weight"_a.none(), "positions"_a.none(), "cos_sin"_a.none(), "slot_mapping"_a.none(),
+      "kv_cache"_a.none(), "num_kv_heads"_a.none(), "out"_a.none(), "workspace"_a.none(), "pdl"_a = true,
+      "out = [q | k | v | gate] of x W^T with q and k RMS-normed per head (and roped when cos_sin is given),\n"
+      "k and v inserted into kv_cache at slot_mapping (-1: no insert), on torch's current stream\n"
+      "(programmatic dependent launch unless pdl=False). ValueError naming the argument on bad input, or\n"
+      "before prepare_qkv_front on the device, before any launch. Returns out.");
 
   nb::class_<BoundQkvFront>(m, "QkvFront",
-                            "qkv_front bound to a layer's weight, rotary table (or None), KV cache and workspace:\n"
-                            "their attributes are read once, so a call reads only x, positions, slot_mapping and\n"
-                            "out. Keep the bound tensors' storage in place (as a CUDA graph would); bind again\n"
-                            "after replacing one.")
+                            "qkv_front bound to a layer's weight, rotary table (or None), KV cache, KV-head count\n"
+                            "and workspace, checked once here, where the weight's device is prepared\n"
+                            "(prepare_qkv_front). A call reads only x, positions, slot_mapping and out. Keep the\n"
+                            "bound tensors' storage in place (as a CUDA graph would); bind again after replacing\n"
+                            "one.")
       .def(
           "__init__",
-          [](BoundQkvFront* self, nb::handle weight, nb::handle cos_sin, nb::handle kv_cache, int num_kv_heads,
+          [](BoundQkvFront* self, nb::handle weight, nb::handle cos_sin, nb::handle kv_cache, nb::handle num_kv_heads,
              nb::handle workspace) {
-            auto* f = new (self) BoundQkvFront();
-            f->weight = tensor_ref(weight, "weight");
-            f->cos_sin = tensor_ref(cos_sin, "cos_sin_cache");
-            f->kv_cache = tensor_ref(kv_cache, "kv_cache");
-            f->workspace = tensor_ref(workspace, "workspace");
-            f->weight_obj = nb::borrow(weight);
-            f->cos_sin_obj = nb::borrow(cos_sin);
-            f->kv_cache_obj = nb::borrow(kv_cache);
-            f->workspace_obj = nb::borrow(workspace);
-            f->num_kv_heads = num_kv_heads;
+            new (self) BoundQkvFront{
+                nb::borrow(weight), nb::borrow(cos_sin), nb::borrow(kv_cache), nb::borrow(workspace),
+                QkvFront(tensor_ref(weight, "weight"), tensor_ref(cos_sin, "cos_sin"), tensor_ref(kv_cache, "kv_cache"),
+                         int_arg(num_kv_heads, "num_kv_heads"), tensor_ref(workspace, "workspace"))};
           },
-          "weight"_a, "cos_sin_cache"_a.none(), "kv_cache"_a, "num_kv_heads"_a, "workspace"_a)
+          nb::sig("def __init__(self, weight: torch.Tensor, cos_sin: torch.Tensor | None, kv_cache: torch.Tensor, "
+                  "num_kv_heads: int, workspace: torch.Tensor) -> None"),
+          "weight"_a.none(), "cos_sin"_a.none(), "kv_cache"_a.none(), "num_kv_heads"_a.none(), "workspace"_a.none())
       .def(
           "__call__",
-          [](const BoundQkvFront& f, nb::handle x, nb::handle positions, nb::handle slots, nb::handle out, bool pdl) {
-            const TensorRef xr = tensor_ref(x, "x");
-            qkv_front(xr, f.weight, tensor_ref(positions, "positions"), f.cos_sin, tensor_ref(slots, "slot_mapping"),
-                      f.kv_cache, f.num_kv_heads, tensor_ref(out, "out"), f.workspace, current_stream(xr.device), pdl);
+          [](const BoundQkvFront& f, nb::handle x, nb::handle positions, nb::handle slot_mapping, nb::handle out,
+             bool pdl) {
+            const QkvFrontArgs a = f.op.args(tensor_ref(x, "x"), tensor_ref(positions, "positions"),
+                                             tensor_ref(slot_mapping, "slot_mapping"), tensor_ref(out, "out"), pdl);
+            qkv_front(a, current_stream(a.x.device));
             return nb::borrow(out);
           },
-          "x"_a, "positions"_a, "slot_mapping"_a, "out"_a, "pdl"_a = true,
-          "launch_qkv_front with the bound tensors, on torch's current stream. Returns out.");
+          nb::sig("def __call__(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor, out: "
+                  "torch.Tensor, pdl: bool = True) -> torch.Tensor"),
+          "x"_a.none(), "positions"_a.none(), "slot_mapping"_a.none(), "out"_a.none(), "pdl"_a = true,
+          "qkv_front with the bound tensors, on torch's current stream. Returns out.");
 }
 
 }  // namespace muse_decode::python

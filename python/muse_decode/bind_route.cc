@@ -1,5 +1,6 @@
-// Python binding of route: translation only (tensors to views, errors to
-// ValueError); the checks live in src/route/route_host.cc.
+// Python binding of route: translation only (tensors to views, integers to
+// ints, errors to ValueError / RuntimeError); the checks live in
+// src/route/route_host.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -15,12 +16,12 @@ using namespace nb::literals;
 namespace muse_decode::python {
 
 namespace {
-RouterDesc router_desc(const std::string& normalization, int top_k, int num_experts,
+RouterDesc router_desc(const std::string& normalization, nb::handle top_k, nb::handle num_experts,
                        std::optional<double> multiplier, double eps, nb::handle bias, double scale) {
   RouterDesc r;
   r.score_normalization = normalization;
-  r.top_k = top_k;
-  r.num_experts = num_experts;
+  r.top_k = int_arg(top_k, "top_k");
+  r.num_experts = int_arg(num_experts, "num_experts");
   r.output_multiplier = multiplier;
   r.division_eps = eps;
   r.expert_bias = tensor_ref(bias, "expert_bias");
@@ -28,80 +29,120 @@ RouterDesc router_desc(const std::string& normalization, int top_k, int num_expe
   return r;
 }
 
-// The routing call's views; metadata only when md_buffer is not None.
-struct CallViews {
-  TensorRef logits, ids, weights;
-  RoutingMetadata meta;
-  bool with_meta;
-  CallViews(nb::handle logits_, nb::handle ids_, nb::handle weights_, nb::handle md_buffer, int md_offset,
-            int md_count, int tile_n)
-      : logits(tensor_ref(logits_, "logits")),
-        ids(tensor_ref(ids_, "ids")),
-        weights(tensor_ref(weights_, "weights")),
-        with_meta(!md_buffer.is_none()) {
-    if (with_meta) meta = RoutingMetadata{tensor_ref(md_buffer, "metadata.buffer"), md_offset, md_count, tile_n};
-  }
-};
+// A RoutingMetadata (buffer, local_expert_offset, num_local_experts, tile_n),
+// or None.
+std::optional<RoutingMetadata> routing_metadata(nb::handle metadata) {
+  if (metadata.is_none()) return std::nullopt;
+  PyObject* m = metadata.ptr();
+  if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 4)
+    throw std::invalid_argument(
+        "metadata must be a RoutingMetadata (buffer, local_expert_offset, "
+        "num_local_experts, tile_n) or None");
+  return RoutingMetadata{tensor_ref(PyTuple_GET_ITEM(m, 0), "metadata.buffer"),
+                         int_arg(PyTuple_GET_ITEM(m, 1), "metadata.local_expert_offset"),
+                         int_arg(PyTuple_GET_ITEM(m, 2), "metadata.num_local_experts"),
+                         int_arg(PyTuple_GET_ITEM(m, 3), "metadata.tile_n")};
+}
+
+RouteArgs route_args(nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
+                     nb::handle metadata, bool pdl) {
+  RouteArgs a;
+  a.logits = tensor_ref(logits, "logits");
+  a.expert_bias = tensor_ref(expert_bias, "expert_bias");
+  a.route_scale = route_scale;
+  a.ids = tensor_ref(ids, "ids");
+  a.weights = tensor_ref(weights, "weights");
+  a.metadata = routing_metadata(metadata);
+  a.pdl = pdl;
+  return a;
+}
 }  // namespace
 
 void bind_route(nb::module_& m) {
-  m.def("metadata_size", &metadata_size, "tile_n"_a);
+  m.def(
+      "metadata_size", [](nb::handle tile_n) { return metadata_size(int_arg(tile_n, "tile_n")); },
+      nb::sig("def metadata_size(tile_n: int) -> int"), "tile_n"_a.none());
   m.def(
       "metadata_fields",
-      [](int num_tokens, int tile_n) {
+      [](nb::handle num_tokens, nb::handle tile_n) {
         std::vector<std::tuple<std::string, int64_t, int64_t>> out;
-        for (const auto& f : metadata_fields(num_tokens, tile_n).field) out.emplace_back(f.name, f.offset, f.length);
+        for (const auto& f : metadata_fields(int_arg(num_tokens, "num_tokens"), int_arg(tile_n, "tile_n")).field)
+          out.emplace_back(f.name, f.offset, f.length);
         return out;
       },
-      "num_tokens"_a, "tile_n"_a);
+      nb::sig("def metadata_fields(num_tokens: int, tile_n: int) -> list[tuple[str, int, int]]"), "num_tokens"_a.none(),
+      "tile_n"_a.none());
   m.def(
       "unsupported_router",
-      [](const std::string& normalization, int top_k, int num_experts, std::optional<double> multiplier,
+      [](const std::string& normalization, nb::handle top_k, nb::handle num_experts, std::optional<double> multiplier,
          double eps, nb::handle bias, double scale) {
         return unsupported_router(router_desc(normalization, top_k, num_experts, multiplier, eps, bias, scale));
       },
-      "score_normalization"_a, "top_k"_a, "num_experts"_a, "output_multiplier"_a.none(), "division_eps"_a,
-      "expert_bias"_a, "route_scale"_a);
+      nb::sig("def unsupported_router(score_normalization: str, top_k: int, num_experts: int, output_multiplier: float "
+              "| None, division_eps: float, expert_bias: torch.Tensor | None, route_scale: float) -> str | None"),
+      "score_normalization"_a, "top_k"_a.none(), "num_experts"_a.none(), "output_multiplier"_a.none(), "division_eps"_a,
+      "expert_bias"_a.none(), "route_scale"_a);
+  m.def(
+      "prepare_route", [](nb::handle device) { prepare_route(int_arg(device, "device")); },
+      nb::sig("def prepare_route(device: int = -1) -> None"), "device"_a.none() = -1,
+      "One-time setup of CUDA device `device` (-1: the current one) for route, outside graph capture.\n"
+      "ValueError on a GPU the kernels were not built for.");
+  m.def(
+      "route",
+      [](nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
+         nb::handle metadata, bool pdl) {
+        const RouteArgs a = route_args(logits, expert_bias, route_scale, ids, weights, metadata, pdl);
+        route(a, current_stream(a.expert_bias.device));
+        return nb::make_tuple(ids, weights);
+      },
+      nb::sig("def route(logits: torch.Tensor, expert_bias: torch.Tensor, route_scale: float, ids: torch.Tensor, "
+              "weights: torch.Tensor, metadata: RoutingMetadata | None = None, pdl: bool = True) -> "
+              "tuple[torch.Tensor, torch.Tensor]"),
+      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a, "ids"_a.none(), "weights"_a.none(),
+      "metadata"_a.none() = nb::none(), "pdl"_a = true,
+      "Route fp32 logits [b, 256] (1 <= b <= 8, 16-byte aligned rows) with the fp32 expert_bias [256] into\n"
+      "ids (int32 [b, 8], global expert ids) and weights (fp32 [b, 8]), and with metadata (a\n"
+      "RoutingMetadata) the routing metadata of the local experts, on torch's current stream\n"
+      "(programmatic dependent launch unless pdl=False). ValueError naming the argument on bad input, or\n"
+      "before prepare_route on the device, before any launch. Returns (ids, weights).");
+  m.def(
+      "unsupported_route_call",
+      [](nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
+         nb::handle metadata, bool pdl) {
+        return reason_or_check(
+            [&] { return route_args(logits, expert_bias, route_scale, ids, weights, metadata, pdl); },
+            [](const RouteArgs& a) { return unsupported_route_call(a); });
+      },
+      nb::sig("def unsupported_route_call(logits: torch.Tensor, expert_bias: torch.Tensor, route_scale: float, ids: "
+              "torch.Tensor, weights: torch.Tensor, metadata: RoutingMetadata | None = None, pdl: bool = True) -> str "
+              "| None"),
+      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a, "ids"_a.none(), "weights"_a.none(),
+      "metadata"_a.none() = nb::none(), "pdl"_a = true,
+      "Why route does not take this call (the argument, the expected and the actual value: the text route\n"
+      "raises), or None.");
 
   // Subclassed in Python by muse_decode.MuseRouting, whose __call__ is this
   // one: no Python frame between the user and the launch (host cost, SPEC 7).
-  nb::class_<MuseRouting>(m, "Routing")
+  nb::class_<MuseRouting>(m, "MuseRouting")
       .def(
           "__init__",
           [](MuseRouting* self, nb::handle bias, double route_scale) {
-            new (self) MuseRouting(router_desc("sigmoid", kTopK, kNumExperts, std::nullopt, kRouteDivisionEps,
-                                               bias, route_scale));
+            new (self) MuseRouting(router_desc("sigmoid", nb::int_(kTopK), nb::int_(kNumExperts), std::nullopt,
+                                               kRouteDivisionEps, bias, route_scale));
           },
-          "expert_bias"_a, "route_scale"_a)
+          nb::sig("def __init__(self, expert_bias: torch.Tensor, route_scale: float) -> None"), "expert_bias"_a.none(),
+          "route_scale"_a)
       .def(
           "__call__",
           [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle metadata,
              bool pdl) {
-            // metadata: a RoutingMetadata (buffer, local_expert_offset, num_local_experts, tile_n) or None.
-            nb::handle buf = nb::none();
-            int off = 0, count = kNumExperts, tile = 128;
-            if (!metadata.is_none()) {
-              if (!PyTuple_Check(metadata.ptr()) || PyTuple_GET_SIZE(metadata.ptr()) != 4)
-                throw std::invalid_argument("metadata must be a RoutingMetadata");
-              buf = PyTuple_GET_ITEM(metadata.ptr(), 0);
-              off = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 1)));
-              count = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 2)));
-              tile = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(metadata.ptr(), 3)));
-            }
-            CallViews v(logits, ids, weights, buf, off, count, tile);
-            self(v.logits, v.ids, v.weights, v.with_meta ? &v.meta : nullptr, current_stream(v.logits.device), pdl);
+            self(tensor_ref(logits, "logits"), tensor_ref(ids, "ids"), tensor_ref(weights, "weights"),
+                 routing_metadata(metadata), current_stream(self.expert_bias().device), pdl);
             return nb::make_tuple(ids, weights);
           },
-          "logits"_a, "ids"_a, "weights"_a, "metadata"_a.none() = nb::none(), "pdl"_a = true)
-      .def(
-          "check",
-          [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle md_buffer,
-             int md_offset, int md_count, int tile_n) {
-            CallViews v(logits, ids, weights, md_buffer, md_offset, md_count, tile_n);
-            self.check(v.logits, v.ids, v.weights, v.with_meta ? &v.meta : nullptr);
-          },
-          "logits"_a, "ids"_a, "weights"_a, "md_buffer"_a.none() = nb::none(), "md_offset"_a = 0,
-          "md_count"_a = kNumExperts, "tile_n"_a = 128);
+          nb::sig("def __call__(self, logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, metadata: "
+                  "RoutingMetadata | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]"),
+          "logits"_a.none(), "ids"_a.none(), "weights"_a.none(), "metadata"_a.none() = nb::none(), "pdl"_a = true);
 }
 
 }  // namespace muse_decode::python

@@ -6,11 +6,6 @@ from . import _C
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD
 
 
-def supports_shape(n: int, num_kv_heads: int) -> bool:
-    """Whether the front serves a [q | k | v | gate] projection of width n for num_kv_heads."""
-    return _C.supports_shape(n, num_kv_heads)
-
-
 def split_qkv(qkv, num_kv_heads: int):
     """The q and gate column views of the front's output rows [q | k | v | gate]
     (q and gate: 8 heads of 64 per KV head), keeping qkv's row stride."""
@@ -23,38 +18,34 @@ def split_qkv(qkv, num_kv_heads: int):
     return qkv[:, :q_width], qkv[:, q_width + 2 * kv_width :]
 
 
-def qkv_front_workspace_bytes(num_kv_heads: int, device: int = -1) -> int:
-    """Bytes of the workspace qkv_front needs on `device` (zero it once when allocating it)."""
-    return _C.qkv_front_workspace_bytes(num_kv_heads, device)
-
-
-def prepare_qkv_front() -> None:
-    """One-time setup of the current device, outside CUDA-graph capture."""
-    _C.prepare_qkv_front()
-
-
-def unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out=None):
-    """Why the front does not take this call (the argument, expected and actual), or None."""
-    return _C.unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out)
-
-
-def supports_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out=None) -> bool:
-    """Whether the QKV front takes this call of a layer with num_kv_heads (with
-    out, the full check before launch_qkv_front); otherwise the caller keeps
-    the unfused path."""
-    return unsupported_call(x, weight, positions, cos_sin_cache, slot_mapping, kv_cache, num_kv_heads, out) is None
-
-
-# The extension's function itself: no Python frame on the per-call path (host
-# cost, SPEC section 7). launch_qkv_front(x, weight, positions, cos_sin_cache,
-# slot_mapping, kv_cache, num_kv_heads, out, workspace, pdl=True) -> out.
-launch_qkv_front = _C.launch_qkv_front
-
-# The front bound to a layer's weight, rotary table, KV cache and workspace:
-# QkvFront(weight, cos_sin_cache, kv_cache, num_kv_heads, workspace), then
-# bound(x, positions, slot_mapping, out, pdl=True) -> out. Fewer tensors read
-# per call; keep the bound tensors' storage in place.
+# The extension's functions and class themselves: no Python frame on the
+# per-call path (host cost, SPEC section 7).
+#   qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace,
+#             pdl=True) -> out: the checked op
+#   unsupported_qkv_front_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads,
+#                              out=None, workspace=None, pdl=True) -> the reason qkv_front would raise, or None
+#   qkv_front_supports_call(the same arguments) -> bool
+#   qkv_front_supports_shape(n, num_kv_heads) -> bool
+#   qkv_front_workspace_bytes(num_kv_heads, sm_count) -> int
+#   qkv_front_workspace_bytes_for_device(num_kv_heads, device=-1) -> int
+#   prepare_qkv_front(device=-1): one-time setup of a device, outside graph capture
+#   QkvFront(weight, cos_sin, kv_cache, num_kv_heads, workspace), then
+#   bound(x, positions, slot_mapping, out, pdl=True) -> out: the layer's
+#   tensors checked once and their device prepared; keep their storage in place.
+qkv_front = _C.qkv_front
+unsupported_qkv_front_call = _C.unsupported_qkv_front_call
+qkv_front_supports_call = _C.qkv_front_supports_call
+qkv_front_supports_shape = _C.qkv_front_supports_shape
+qkv_front_workspace_bytes = _C.qkv_front_workspace_bytes
+qkv_front_workspace_bytes_for_device = _C.qkv_front_workspace_bytes_for_device
+prepare_qkv_front = _C.prepare_qkv_front
 QkvFront = _C.QkvFront
+
+# The seed's names (SPEC sections 6 and 7), the same objects as the names above:
+# launch_qkv_front is the checked op, as in the seed.
+launch_qkv_front = qkv_front
+supports_call = qkv_front_supports_call
+supports_shape = qkv_front_supports_shape
 
 
 def unsupported_projection(attn) -> str | None:

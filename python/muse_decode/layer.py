@@ -19,7 +19,7 @@ import torch
 from . import stock
 from .attention import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
-from .front import QkvFront, qkv_front_workspace_bytes, split_qkv, unsupported_projection
+from .front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
 from .platform import supported_gpu
 from .routing import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
 
@@ -150,10 +150,11 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         outside graph capture."""
         dev = self.qkv_proj.weight.device
         prepare_attn2(dev.index or 0)
+        prepare_qkv_front(dev.index or 0)
         self.splits = attn2_splits(self.max_model_len, self.window, self.num_kv_heads)
         self.attn_ws = torch.zeros(max(attn2_workspace_bytes(num_reqs, self.num_kv_heads, self.splits), 16),
                                    dtype=torch.uint8, device=dev)
-        self.front_ws = torch.zeros(qkv_front_workspace_bytes(self.num_kv_heads, dev.index or 0),
+        self.front_ws = torch.zeros(qkv_front_workspace_bytes_for_device(self.num_kv_heads, dev.index or 0),
                                     dtype=torch.uint8, device=dev)
         self.routing = MuseRouting(self.router)
         self._bound_cache = None  # the KV cache the bound ops below read

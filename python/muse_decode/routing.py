@@ -1,4 +1,4 @@
-"""MoE routing of 1..8 tokens with the TRT-LLM-gen routing metadata."""
+"""route: MoE routing of 1..8 tokens with the TRT-LLM-gen routing metadata."""
 
 from __future__ import annotations
 
@@ -68,21 +68,33 @@ def fold_router_output_multiplier(router) -> None:
     router.router_output_multiplier = None
 
 
-class MuseRouting(_C.Routing):
+# The extension's functions themselves: no Python frame on the per-call path
+# (host cost, SPEC section 7).
+#   route(logits, expert_bias, route_scale, ids, weights, metadata=None, pdl=True) -> (ids, weights)
+#   unsupported_route_call(the same arguments) -> the reason route would raise, or None
+#   prepare_route(device=-1): one-time setup of a device, outside graph capture
+route = _C.route
+unsupported_route_call = _C.unsupported_route_call
+prepare_route = _C.prepare_route
+
+
+class MuseRouting(_C.MuseRouting):
     """The routing of one Muse Spark MoE layer for 1 to 8 tokens, bound to its
     router's expert bias and route scale when built (the router is checked
-    then: ValueError with the reason).
+    then: ValueError with the reason; and the bias's device is prepared, as
+    prepare_route does).
 
-    ``routing(logits, ids, weights, metadata=None, pdl=True)`` routes fp32
-    logits [b, 256] (1 <= b <= 8, 16-byte aligned rows) into ``ids`` (int32
-    [b, 8], global expert ids) and ``weights`` (fp32 [b, 8]); with
-    ``metadata`` (a RoutingMetadata) it also writes the routing metadata of the
-    local experts. Returns (ids, weights). Any bad argument raises ValueError
-    before anything is launched. A call allocates nothing, runs on the current
-    stream and can be captured in a CUDA graph. ``pdl`` launches with
-    programmatic dependent launch (the kernel reads the bias before waiting for
-    the previous kernel, and everything else after), which is correct whatever
-    precedes it and saves ~0.3 us of GPU and host time.
+    ``routing(logits, ids, weights, metadata=None, pdl=True)`` is ``route``
+    with the bound bias and scale: it routes fp32 logits [b, 256] (1 <= b <=
+    8, 16-byte aligned rows) into ``ids`` (int32 [b, 8], global expert ids)
+    and ``weights`` (fp32 [b, 8]); with ``metadata`` (a RoutingMetadata) it
+    also writes the routing metadata of the local experts. Returns (ids,
+    weights). Any bad argument raises ValueError before anything is launched.
+    A call allocates nothing, runs on the current stream and can be captured
+    in a CUDA graph. ``pdl`` launches with programmatic dependent launch (the
+    kernel reads the bias before waiting for the previous kernel, and
+    everything else after), which is correct whatever precedes it and saves
+    ~0.3 us of GPU and host time.
 
     The call itself is the extension's (no Python frame in between: the whole
     host path costs a few microseconds, SPEC section 7)."""

@@ -1,5 +1,6 @@
 #include "tensor_args.h"
 
+#include <climits>
 #include <stdexcept>
 #include <vector>
 
@@ -154,6 +155,32 @@ TensorRef tensor_ref(nb::handle h, const char* name) {
   e.weak = weak;
   e.ref = t;
   return t;
+}
+
+int int_arg(nb::handle h, const char* name) {
+  PyObject* obj = h.ptr();
+  int overflow = 0;
+  const long long v = PyLong_Check(obj) ? PyLong_AsLongLongAndOverflow(obj, &overflow) : -1;
+  if (!PyLong_Check(obj) || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    // Anything with __index__ (numpy integers, say) converts; floats do not.
+    nb::object index = nb::steal(PyNumber_Index(obj));
+    if (!index.is_valid()) {
+      PyErr_Clear();
+      throw std::invalid_argument(std::string(name) + " must be an integer, got " +
+                                  nb::type_name(h.type()).c_str());
+    }
+    return int_arg(index, name);
+  }
+  if (overflow != 0 || v < INT32_MIN || v > INT32_MAX)
+    throw std::invalid_argument(std::string(name) + " must fit in int32 [-2147483648, 2147483647], got " +
+                                nb::str(h).c_str());
+  return static_cast<int>(v);
+}
+
+std::optional<int> optional_int_arg(nb::handle h, const char* name) {
+  if (h.is_none()) return std::nullopt;
+  return int_arg(h, name);
 }
 
 Stream current_stream(int device) {

@@ -1,7 +1,9 @@
 """The ops registered with torch.library (namespace muse_decode), for
 torch.compile users: each is opaque to the compiler, mutates its outputs in
 place and returns nothing. Importing this module registers them (it needs
-PyTorch). Eager callers should call the package's functions directly: a
+PyTorch). Each is the package's checked op: prepare the device first
+(prepare_route, prepare_attn2, prepare_qkv_front), outside graph capture.
+Eager callers should call the package's functions directly: a
 torch.library.custom_op call costs tens of microseconds of host time
 (SPEC section 7), the direct call a few.
 
@@ -16,27 +18,17 @@ from typing import Optional
 
 import torch
 
-from . import _C
 from .attention import attn2 as _attn2
-from .front import launch_qkv_front as _launch_qkv_front
-
-_routings: dict = {}
-
-
-def _routing(bias: torch.Tensor, route_scale: float):
-    # One bound routing per (bias tensor, scale): binding checks the bias once.
-    key = (bias.data_ptr(), bias.device.index, float(route_scale))
-    r = _routings.get(key)
-    if r is None:
-        r = _routings[key] = _C.Routing(bias, float(route_scale))
-    return r
+from .front import qkv_front as _qkv_front
+from .routing import RoutingMetadata as _RoutingMetadata
+from .routing import route as _route
 
 
 @torch.library.custom_op("muse_decode::route", mutates_args=("ids", "weights", "metadata"))
 def route(logits: torch.Tensor, bias: torch.Tensor, route_scale: float, ids: torch.Tensor, weights: torch.Tensor,
           metadata: Optional[torch.Tensor], local_expert_offset: int, num_local_experts: int, tile_n: int) -> None:
-    meta = None if metadata is None else (metadata, local_expert_offset, num_local_experts, tile_n)
-    _routing(bias, route_scale)(logits, ids, weights, meta)
+    meta = None if metadata is None else _RoutingMetadata(metadata, local_expert_offset, num_local_experts, tile_n)
+    _route(logits, bias, route_scale, ids, weights, meta)
 
 
 @route.register_fake
@@ -60,7 +52,7 @@ def _(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, w
 def qkv_front(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, cos_sin: Optional[torch.Tensor],
               slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, out: torch.Tensor,
               workspace: torch.Tensor) -> None:
-    _launch_qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
+    _qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
 
 
 @qkv_front.register_fake

@@ -1,19 +1,14 @@
-// attn2 host layer: sizing, the layer check and the per-call argument checks
-// that guard the launch.
+// attn2 host layer: sizing, the layer check, the per-call argument checks
+// that guard the launch, the device setup, the launch and the bound form.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <mutex>
 #include <stdexcept>
 
 #include "../common/checks.h"
+#include "../common/hardware.h"
 #include "attn2_kernels.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
-
-#ifdef MUSE_DECODE_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace muse_decode {
 
@@ -110,19 +105,19 @@ void require_rows(const TensorRef& t, std::string_view name, int64_t rows, int64
   require_aligned(t.data, name, 16);
 }
 
-}  // namespace
-
-Attn2Params check_attn2(const Attn2Args& a) {
+// The deployment's scalars: they size everything else.
+void check_deployment(int max_model_len, int window, int num_splits) {
   using namespace detail;
-  // Deployment scalars first: they size everything else.
-  if (a.max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), a.max_model_len);
-  if (a.window < 0 || (a.window != 0 && a.window >= a.max_model_len))
-    fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", a.window);
-  if (a.num_splits < 1 || a.num_splits > kAttn2MaxSplits)
-    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), a.num_splits);
+  if (max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), max_model_len);
+  if (window < 0 || (window != 0 && window >= max_model_len))
+    fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", window);
+  if (num_splits < 1 || num_splits > kAttn2MaxSplits)
+    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), num_splits);
+}
 
-  // The cache fixes the KV heads and the device.
-  const TensorRef& kv = a.kv_cache;
+// The cache fixes the KV heads and the device.
+void check_cache(const TensorRef& kv) {
+  using namespace detail;
   require_present(kv, "kv_cache");
   require_dtype(kv, "kv_cache", DType::kBFloat16);
   require_cuda(kv, "kv_cache");
@@ -132,6 +127,33 @@ Attn2Params check_attn2(const Attn2Args& a) {
   if (!kv.contiguous()) fail_expected("kv_cache", "contiguous", "a strided tensor");
   require_aligned(kv.data, "kv_cache", 16);
   if (kv.shape[0] > INT32_MAX) fail_expected("kv_cache pages", "at most 2^31 - 1", kv.shape[0]);
+}
+
+// A workspace given (needed or not): on the cache's device, contiguous,
+// aligned; its size against need_bytes when the call needs one.
+void check_workspace(const TensorRef& ws, int device, int64_t need_bytes, int reqs, int kvh, int splits) {
+  using namespace detail;
+  require_present(ws, "workspace");
+  require_cuda(ws, "workspace");
+  require_same_device(ws, "workspace", device);
+  if (!ws.contiguous()) fail_expected("workspace", "contiguous", "a strided tensor");
+  const int64_t have = ws.numel() * dtype_size(ws.dtype);
+  if (have < need_bytes)
+    fail_expected("workspace",
+                  cat("at least ", need_bytes, " bytes (attn2_workspace_bytes(", reqs, ", ", kvh, ", ", splits, "))"),
+                  cat(have, " bytes"));
+  require_aligned(ws.data, "workspace", 16);
+}
+
+bool given(const TensorRef& t) { return t.present() && t.data != nullptr; }
+
+}  // namespace
+
+Attn2Params check_attn2(const Attn2Args& a) {
+  using namespace detail;
+  check_deployment(a.max_model_len, a.window, a.num_splits);
+  const TensorRef& kv = a.kv_cache;
+  check_cache(kv);
   const int device = kv.device;
   const int kvh = static_cast<int>(kv.shape[1]);
   const int64_t width = static_cast<int64_t>(kvh) * kHeadsPerKvHead * kHeadDim;
@@ -172,20 +194,7 @@ Attn2Params check_attn2(const Attn2Args& a) {
 
   const int64_t ws_need = attn2_workspace_bytes(reqs, kvh, a.num_splits);
   const TensorRef& ws = a.workspace;
-  const bool ws_present = ws.present() && ws.data != nullptr;
-  if (ws_need > 0 || ws_present) {
-    require_present(ws, "workspace");
-    require_cuda(ws, "workspace");
-    require_same_device(ws, "workspace", device);
-    if (!ws.contiguous()) fail_expected("workspace", "contiguous", "a strided tensor");
-    const int64_t have = ws.numel() * dtype_size(ws.dtype);
-    if (have < ws_need)
-      fail_expected("workspace",
-                    cat("at least ", ws_need, " bytes (attn2_workspace_bytes(", reqs, ", ", kvh, ", ",
-                        a.num_splits, "))"),
-                    cat(have, " bytes"));
-    require_aligned(ws.data, "workspace", 16);
-  }
+  if (ws_need > 0 || given(ws)) check_workspace(ws, device, ws_need, reqs, kvh, a.num_splits);
 
   // out is written: it must not alias anything the kernel reads.
   const std::pair<const TensorRef*, const char*> inputs[] = {
@@ -220,79 +229,94 @@ Attn2Params check_attn2(const Attn2Args& a) {
   return p;
 }
 
-// ---------------------------------------------------------------------------
-int launch_attn2(const Attn2Params& p, Stream stream) { return detail::attn2_launch(p, stream); }
-
-// ---------------------------------------------------------------------------
-// Prepared devices: the cluster size of the one-slice path per device (0: not prepared).
-namespace {
-constexpr int kMaxDevices = 64;
-std::mutex g_prepare_mutex;
-std::atomic<int> g_short_cluster[kMaxDevices];  // zero-initialised (static storage)
-std::atomic<int> g_resident_ctas[kMaxDevices][2];  // co-resident CTAs with clusters of 8 and of 16
-
-int resolve_device(int device) {
-#ifdef MUSE_DECODE_WITH_CUDA
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-#else
-  if (device < 0) device = 0;
-#endif
-  return device;
+std::optional<std::string> unsupported_attn2_call(const Attn2Args& args) {
+  return detail::reason_of([&] { check_attn2(args); });
 }
+
+// ---------------------------------------------------------------------------
+// Prepared devices: what the launch is sized by (attn2_residency).
+namespace {
+detail::PerDevice<Attn2Residency> g_prepared;
 }  // namespace
 
 void prepare_attn2(int device) {
-  device = resolve_device(device);
-  if (!supported_family(gpu_family(device))) fail(cat("attn2 cannot run on this machine: ", unavailable("attn2"),
-                                                      "; found ", describe_device(device)));
-  if (device >= kMaxDevices) fail_expected("device", cat("below ", kMaxDevices), device);
-  std::lock_guard<std::mutex> lock(g_prepare_mutex);
-  if (g_short_cluster[device].load() != 0) return;
-#ifdef MUSE_DECODE_WITH_CUDA
-  int previous = 0;
-  cudaGetDevice(&previous);
-  if (previous != device) cudaSetDevice(device);
-#endif
-  int cluster = 0;
-  const int err = detail::attn2_set_kernel_attributes(&cluster);
-  for (int k = 0; err == 0 && k < 2; ++k) {  // co-resident CTAs with clusters of 8, of 16 (0 on error)
+  detail::prepare_device(g_prepared, "attn2", device, [](int) {
+    Attn2Residency r;
+    detail::throw_if_cuda_error(detail::attn2_set_kernel_attributes(&r.short_cluster_size),
+                                "prepare_attn2: setting the kernel attributes");
+    // Co-resident CTAs with clusters of 8 and of 16; 0 (never idle_last or
+    // resident) where the runtime cannot say.
     int blocks_per_sm = 0, clusters = 0;
-    if (detail::attn2_occupancy(8 << k, &blocks_per_sm, &clusters) == 0)
-      g_resident_ctas[device][k].store((8 << k) * clusters);
-  }
-#ifdef MUSE_DECODE_WITH_CUDA
-  if (previous != device) cudaSetDevice(previous);
-#endif
-  if (err != 0) throw std::runtime_error(cat("prepare_attn2: setting the kernel attributes failed (CUDA error ", err, ")"));
-  g_short_cluster[device].store(cluster);
+    if (detail::attn2_occupancy(8, &blocks_per_sm, &clusters) == detail::kCudaSuccess) r.resident_ctas_8 = 8 * clusters;
+    if (detail::attn2_occupancy(16, &blocks_per_sm, &clusters) == detail::kCudaSuccess)
+      r.resident_ctas_16 = 16 * clusters;
+    return r;
+  });
 }
+
+Attn2Residency attn2_residency(int device) {
+  device = detail::resolve_device(device);
+  if (const Attn2Residency* r = g_prepared.find(device)) return *r;
+  fail(cat("attn2_residency(", device, ") needs prepare_attn2(", device, ") first"));
+}
+
+int launch(const Attn2Params& p, Stream stream) { return detail::attn2_launch(p, stream); }
 
 void attn2(const Attn2Args& args, Stream stream) {
   Attn2Params p = check_attn2(args);
-  const int device = args.kv_cache.device;
-  const int cluster = device < kMaxDevices ? g_short_cluster[device].load(std::memory_order_relaxed) : 0;
-  if (cluster == 0) fail(cat("attn2 on cuda:", device, " needs prepare_attn2(", device, ") first"));
-  if (p.cluster_size == 16) p.cluster_size = cluster;  // 8 where the GPU cannot place a cluster of 16
+  const Attn2Residency& r = detail::require_prepared(g_prepared, "attn2", args.kv_cache.device);
+  if (p.cluster_size == 16) p.cluster_size = r.short_cluster_size;  // 8 where the GPU cannot place a cluster of 16
   if (p.num_splits > 1) {  // a split grid that fills the GPU exactly: its last cluster does less (see the kernel)
     const int64_t ctas = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size;
-    const int64_t resident = g_resident_ctas[device][p.cluster_size == 16].load(std::memory_order_relaxed);
+    const int64_t resident = p.cluster_size == 16 ? r.resident_ctas_16 : r.resident_ctas_8;
     p.idle_last = ctas == resident;
     p.resident = ctas <= resident;  // all of it on the GPU at once: the merging slice may wait for the others
   }
-  if (int err = detail::attn2_launch(p, stream))
-    throw std::runtime_error(cat("attn2: kernel launch failed (CUDA error ", err, ")"));
+  detail::throw_if_cuda_error(detail::attn2_launch(p, stream), "attn2: kernel launch");
+}
+
+// ---------------------------------------------------------------------------
+// The bound form: what a call cannot change is checked here, once.
+Attn2::Attn2(const TensorRef& kv_cache, const TensorRef& workspace, int max_model_len, int window, int num_splits)
+    : kv_cache_(kv_cache), workspace_(workspace), max_model_len_(max_model_len), window_(window),
+      num_splits_(num_splits) {
+  check_deployment(max_model_len, window, num_splits);
+  check_cache(kv_cache);
+  // Its size depends on the requests of a call: checked then.
+  if (num_splits > 1 || given(workspace)) check_workspace(workspace, kv_cache.device, 0, 0, 0, 0);
+  prepare_attn2(kv_cache.device);
+}
+
+Attn2Args Attn2::args(const TensorRef& q, const TensorRef& gate, const TensorRef& block_table,
+                      const TensorRef& seq_lens, const TensorRef& out, bool pdl) const {
+  Attn2Args a;
+  a.q = q;
+  a.gate = gate;
+  a.kv_cache = kv_cache_;
+  a.block_table = block_table;
+  a.seq_lens = seq_lens;
+  a.out = out;
+  a.workspace = workspace_;
+  a.max_model_len = max_model_len_;
+  a.window = window_;
+  a.num_splits = num_splits_;
+  a.pdl = pdl;
+  return a;
+}
+
+void Attn2::operator()(const TensorRef& q, const TensorRef& gate, const TensorRef& block_table,
+                       const TensorRef& seq_lens, const TensorRef& out, Stream stream, bool pdl) const {
+  attn2(args(q, gate, block_table, seq_lens, out, pdl), stream);
 }
 
 }  // namespace muse_decode
 
 #ifndef MUSE_DECODE_WITH_CUDA
-// A build without CUDA keeps the host API and answers the launches with
-// cudaErrorNotSupported.
-namespace muse_decode {
-namespace detail {
-int attn2_launch(const Attn2Params&, Stream) { return 801; }
-int attn2_set_kernel_attributes(int*) { return 801; }
-int attn2_occupancy(int, int*, int*) { return 801; }
-}  // namespace detail
-}  // namespace muse_decode
+// A build without CUDA keeps the host API and answers the kernels' entries
+// with cudaErrorNotSupported.
+namespace muse_decode::detail {
+int attn2_launch(const Attn2Params&, Stream) { return kCudaErrorNotSupported; }
+int attn2_set_kernel_attributes(int*) { return kCudaErrorNotSupported; }
+int attn2_occupancy(int, int*, int*) { return kCudaErrorNotSupported; }
+}  // namespace muse_decode::detail
 #endif

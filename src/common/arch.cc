@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "checks.h"
+
 #ifdef MUSE_DECODE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -72,14 +74,55 @@ std::string describe_device(int device) {
          std::to_string(prop.multiProcessorCount) + " SMs, " + std::to_string(prop.l2CacheSize >> 20) + " MB L2)";
 }
 
+// One attribute rather than the whole cudaDeviceProp (which the runtime fills
+// field by field): qkv_front's checks ask for it on a device not yet prepared.
 int sm_count(int device) {
-  cudaDeviceProp prop;
-  return properties(device, &prop, nullptr) ? prop.multiProcessorCount : 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
+  int sms = 0;
+  if (device >= count || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
 }
+
+namespace detail {
+int resolve_device(int device) {
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    device = 0;
+  }
+  return device;
+}
+
+DeviceScope::DeviceScope(int device) {
+  if (cudaGetDevice(&previous_) != cudaSuccess) {
+    cudaGetLastError();
+    previous_ = -1;
+  }
+  if (previous_ != device) cudaSetDevice(device);
+}
+
+DeviceScope::~DeviceScope() {
+  int now = -1;
+  if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+}  // namespace detail
 #else
 GpuFamily gpu_family(int) { return GpuFamily::kNone; }
 std::string describe_device(int) { return "no CUDA device (this build has no CUDA kernels)"; }
 int sm_count(int) { return 0; }
+
+namespace detail {
+int resolve_device(int device) { return device < 0 ? 0 : device; }
+DeviceScope::DeviceScope(int) {}
+DeviceScope::~DeviceScope() {}
+}  // namespace detail
 #endif
 
 }  // namespace muse_decode

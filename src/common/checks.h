@@ -1,16 +1,21 @@
-// Internal helpers for the host checks: every failure names the argument,
-// what was expected and what was seen, and throws std::invalid_argument.
+// Internal helpers of the host layers: the checks (every failure names the
+// argument, what was expected and what was seen, and throws
+// std::invalid_argument), their returning form, and the per-device setup
+// every prepare_<op> shares.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <ios>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "muse_decode/arch.h"
 #include "muse_decode/tensor.h"
+#include "per_device.h"
 
 namespace muse_decode::detail {
 
@@ -103,6 +108,69 @@ inline bool overlaps(const TensorRef& a, const TensorRef& b) {
 
 inline void require_disjoint(const TensorRef& a, std::string_view an, const TensorRef& b, std::string_view bn) {
   if (overlaps(a, b)) fail(cat(an, " and ", bn, " must not overlap in memory"));
+}
+
+// The returning form of a check: the std::invalid_argument text `check`
+// throws, or nullopt. Every unsupported_<op>_call is its check_<op> through
+// this, so the two never disagree.
+template <typename Check>
+std::optional<std::string> reason_of(Check&& check) {
+  try {
+    check();
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+// A CUDA error (as int) from the kernels' entries as std::runtime_error
+// "<what> failed (CUDA error N)"; nothing on success.
+inline void throw_if_cuda_error(int err, std::string_view what) {
+  if (err != 0) throw std::runtime_error(cat(what, " failed (CUDA error ", err, ")"));
+}
+
+// ---------------------------------------------------------------------------
+// Devices (defined in arch.cc, which sees the CUDA runtime).
+
+// `device`, or the current CUDA device for -1 (0 without CUDA).
+int resolve_device(int device);
+
+// Makes `device` current for its lifetime, then the previous device again.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// What prepare_<op> shares: resolves `device`, refuses a GPU the kernels were
+// not built for (std::invalid_argument naming the op and the device found),
+// then makes the op's state of that device once, with the device current
+// (std::invalid_argument for a device ordinal outside the table). Returns the
+// state; a later call finds it and asks the GPU nothing.
+template <typename T, typename Make>
+const T& prepare_device(PerDevice<T>& state, std::string_view op, int device, Make&& make) {
+  device = resolve_device(device);
+  if (const T* s = state.find(device)) return *s;
+  if (!supported_family(gpu_family(device)))
+    fail(cat(op, " cannot run on this machine: ", unavailable(std::string(op)), "; found ",
+             describe_device(device)));
+  return state.get_or_make(device, [&](int d) {
+    DeviceScope scope(d);
+    return make(d);
+  });
+}
+
+// The state prepare_<op>(device) made, or std::invalid_argument saying that
+// the call needs it first. One acquire load on the per-call path.
+template <typename T>
+const T& require_prepared(const PerDevice<T>& state, std::string_view op, int device) {
+  if (const T* s = state.find(device)) return *s;
+  fail(cat(op, " on cuda:", device, " needs prepare_", op, "(", device, ") first"));
 }
 
 }  // namespace muse_decode::detail

@@ -1,31 +1,35 @@
 // qkv_front host layer: shape support, the projection check, the per-call
-// argument checks that guard the launch, and the workspace sizing.
+// argument checks that guard the launch, the workspace sizing, the device
+// setup, the launch and the bound form.
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <stdexcept>
 
 #include "../common/checks.h"
+#include "../common/hardware.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/qkv_front.h"
+#include "qkv_front_kernels.h"
 
 namespace muse_decode {
 
 using detail::cat;
 using detail::expected_text;
 using detail::fail;
+using detail::fail_expected;
 
 namespace {
 
-using Reason = std::optional<std::string>;
+// Prepared devices: their multiprocessor count sizes the grid and the workspace.
+struct QkvFrontDevice {
+  int sms = 0;
+};
+detail::PerDevice<QkvFrontDevice> g_prepared;
 
-#define MUSE_RETURN_IF(expr)         \
-  do {                               \
-    if (auto reason_ = (expr)) return reason_; \
-  } while (0)
-
-std::string address_str(const void* p) {
-  return cat("address 0x", std::hex, reinterpret_cast<uintptr_t>(p));
+// The multiprocessor count of a prepared device, else asked of the runtime
+// (0 without one).
+int sms_of(int device) {
+  if (const QkvFrontDevice* d = g_prepared.find(device)) return d->sms;
+  return sm_count(device);
 }
 
 std::string strides_str(const TensorRef& t) {
@@ -35,173 +39,177 @@ std::string strides_str(const TensorRef& t) {
 }
 
 // The order of every tensor's checks: present, dtype, device, shape, strides,
-// alignment (FlashMLA's order).
-Reason tensor_basics(const TensorRef& t, std::string_view name, DType dtype, int device) {
-  if (!t.present() || t.data == nullptr) return cat(name, " is missing (null data)");
-  if (t.dtype != dtype) return expected_text(name, dtype_name(dtype), dtype_name(t.dtype));
-  if (t.device < 0) return cat(name, " must be on a CUDA device, got host memory");
-  if (device >= 0 && t.device != device) return cat(name, " must be on cuda:", device, ", got cuda:", t.device);
-  return std::nullopt;
+// alignment (FlashMLA's order). device < 0: the tensor decides it.
+void require_tensor(const TensorRef& t, std::string_view name, DType dtype, int device) {
+  using namespace detail;
+  require_present(t, name);
+  require_dtype(t, name, dtype);
+  require_cuda(t, name);
+  if (device >= 0) require_same_device(t, name, device);
 }
 
-Reason aligned16(const TensorRef& t, std::string_view name) {
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
-    return cat(name, " must be 16-byte aligned, got ", address_str(t.data));
-  return std::nullopt;
+void require_contiguous(const TensorRef& t, std::string_view name) {
+  if (!t.contiguous()) fail_expected(name, "contiguous", cat("strides ", strides_str(t)));
 }
 
 // A 2-D row-major view read or written 16 bytes at a time by row: unit column
 // stride, row stride a multiple of 8 elements and at least the row width.
-Reason rows16(const TensorRef& t, std::string_view name, int64_t width) {
+void require_rows16(const TensorRef& t, std::string_view name, int64_t width) {
   if (t.stride[1] != 1 && t.shape[1] > 1)
-    return expected_text(name, "unit stride along columns", cat("stride ", t.stride[1]));
+    fail_expected(name, "unit stride along columns", cat("stride ", t.stride[1]));
   if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
-    return expected_text(cat(name, " rows"),
-                         cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
-                         cat("row stride ", t.stride[0]));
-  return aligned16(t, name);
+    fail_expected(cat(name, " rows"),
+                  cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
+                  cat("row stride ", t.stride[0]));
+  detail::require_aligned(t.data, name, 16);
 }
 
-Reason contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
+void require_contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
   if (t.ndim != 1 || t.shape[0] != length || (length > 1 && t.stride[0] != 1))
-    return expected_text(name, cat("a contiguous [", length, "] (", what, ")"),
-                         cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));
-  return std::nullopt;
-}
-
-Reason disjoint(const TensorRef& a, const char* an, const TensorRef& b, const char* bn) {
-  if (a.present() && b.present() && detail::overlaps(a, b)) return cat(an, " and ", bn, " must not overlap in memory");
-  return std::nullopt;
-}
-
-// GPU family and multiprocessor count per device, asked once: the per-call
-// path must stay within a few microseconds of host time.
-constexpr int kMaxDevices = 64;
-std::array<std::atomic<int>, kMaxDevices> g_family{};  // 0: not asked yet, else GpuFamily + 1
-std::array<std::atomic<int>, kMaxDevices> g_sms{};     // 0: not asked yet
-
-GpuFamily family_of(int device) {
-  if (device < 0 || device >= kMaxDevices) return gpu_family(device);
-  int f = g_family[device].load(std::memory_order_relaxed);
-  if (f == 0) {
-    f = static_cast<int>(gpu_family(device)) + 1;
-    g_family[device].store(f, std::memory_order_relaxed);
-  }
-  return static_cast<GpuFamily>(f - 1);
-}
-
-int sms_of(int device) {
-  if (device < 0 || device >= kMaxDevices) return sm_count(device);
-  int n = g_sms[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = sm_count(device);
-    g_sms[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
+    fail_expected(name, cat("a contiguous [", length, "] (", what, ")"),
+                  cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));
 }
 
 bool valid_kv_heads(int kvh) { return kvh == 1 || kvh == 2 || kvh == 4 || kvh == 8 || kvh == 16; }
+
+void require_kv_heads(int kvh) {
+  if (!valid_kv_heads(kvh)) fail_expected("num_kv_heads", "one of 1, 2, 4, 8, 16", kvh);
+}
 
 int num_tiles(int kvh) { return qkv_width(kvh) / kFrontTileRows; }
 
 int64_t counter_bytes(int kvh) { return (static_cast<int64_t>(num_tiles(kvh)) * 4 + 255) / 256 * 256; }
 
-// Everything but the workspace; fills *p when given.
-Reason check_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                  const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
-                  int num_kv_heads, const TensorRef* out, QkvFrontParams* p) {
+// The layer's tensors (what QkvFront binds), on `device`.
+void check_weight(const TensorRef& weight, int kvh, int device) {
+  const int64_t n = qkv_width(kvh);
+  require_tensor(weight, "weight", DType::kBFloat16, device);
+  if (weight.ndim != 2 || weight.shape[0] != n || weight.shape[1] != kHiddenSize)
+    fail_expected("weight", cat("[", n, ", ", kHiddenSize, "] for ", kvh, " KV heads"), weight.shape_str());
+  require_contiguous(weight, "weight");
+  detail::require_aligned(weight.data, "weight", 16);
+}
+
+void check_cos_sin(const TensorRef& cos_sin, int device) {
+  if (!cos_sin.present()) return;  // a layer without RoPE
+  require_tensor(cos_sin, "cos_sin", DType::kFloat32, device);
+  if (cos_sin.ndim != 2 || cos_sin.shape[0] < 1 || cos_sin.shape[1] != kHeadDim)
+    fail_expected("cos_sin", cat("[max_pos, ", kHeadDim, "] with max_pos >= 1 (cos | sin)"), cos_sin.shape_str());
+  require_contiguous(cos_sin, "cos_sin");
+  detail::require_aligned(cos_sin.data, "cos_sin", 16);
+}
+
+void check_cache(const TensorRef& kv_cache, int kvh, int device) {
+  require_tensor(kv_cache, "kv_cache", DType::kBFloat16, device);
+  if (kv_cache.ndim != 4 || kv_cache.shape[0] < 1 || kv_cache.shape[1] != kvh || kv_cache.shape[2] != kPageSize ||
+      kv_cache.shape[3] != kCacheRowWidth)
+    fail_expected("kv_cache",
+                  cat("[pages, ", kvh, ", ", kPageSize, ", ", kCacheRowWidth, "] (num_kv_heads = ", kvh, ")"),
+                  kv_cache.shape_str());
+  require_contiguous(kv_cache, "kv_cache");
+  detail::require_aligned(kv_cache.data, "kv_cache", 16);
+}
+
+// The workspace of a launch on `device` (any dtype: it is bytes).
+void check_workspace(const TensorRef& ws, int kvh, int device) {
+  require_tensor(ws, "workspace", ws.dtype, device);
+  const int sms = sms_of(device);
+  const int64_t need = qkv_front_workspace_bytes(kvh, std::max(sms, 1));
+  const int64_t have = ws.contiguous() ? ws.numel() * dtype_size(ws.dtype) : 0;
+  if (ws.ndim != 1 || have < need)
+    fail_expected("workspace",
+                  cat("a contiguous 1-D buffer of at least ", need, " bytes (qkv_front_workspace_bytes for ", kvh,
+                      " KV heads, ", sms, " SMs)"),
+                  cat(ws.shape_str(), " of ", dtype_name(ws.dtype), ", ", have, " bytes"));
+  detail::require_aligned(ws.data, "workspace", 16);
+}
+
+// Every check of a call, in the order of the arguments; out and workspace
+// only where given unless `complete` (check_qkv_front).
+QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
+  using detail::require_disjoint;
   // x decides the device and the number of tokens.
-  MUSE_RETURN_IF(tensor_basics(x, "x", DType::kBFloat16, -1));
+  const TensorRef& x = a.x;
+  require_tensor(x, "x", DType::kBFloat16, -1);
   const int dev = x.device;
   if (x.ndim != 2 || x.shape[0] < 1 || x.shape[0] > kFrontMaxTokens || x.shape[1] != kHiddenSize)
-    return expected_text("x", cat("[T, ", kHiddenSize, "] with 1 <= T <= ", kFrontMaxTokens), x.shape_str());
-  MUSE_RETURN_IF(rows16(x, "x", kHiddenSize));
+    fail_expected("x", cat("[T, ", kHiddenSize, "] with 1 <= T <= ", kFrontMaxTokens), x.shape_str());
+  require_rows16(x, "x", kHiddenSize);
   const int64_t T = x.shape[0];
 
-  if (!valid_kv_heads(num_kv_heads)) return expected_text("num_kv_heads", "one of 1, 2, 4, 8, 16", num_kv_heads);
-  const int64_t N = qkv_width(num_kv_heads);
+  const int kvh = a.num_kv_heads;
+  require_kv_heads(kvh);
+  const int64_t N = qkv_width(kvh);
+  check_weight(a.weight, kvh, dev);
 
-  MUSE_RETURN_IF(tensor_basics(weight, "weight", DType::kBFloat16, dev));
-  if (weight.ndim != 2 || weight.shape[0] != N || weight.shape[1] != kHiddenSize)
-    return expected_text("weight", cat("[", N, ", ", kHiddenSize, "] for ", num_kv_heads, " KV heads"),
-                         weight.shape_str());
-  if (!weight.contiguous()) return expected_text("weight", "contiguous", cat("strides ", strides_str(weight)));
-  MUSE_RETURN_IF(aligned16(weight, "weight"));
+  require_tensor(a.positions, "positions", DType::kInt64, dev);
+  require_contiguous_1d(a.positions, "positions", T, "one per token of x");
+  check_cos_sin(a.cos_sin, dev);
+  require_tensor(a.slot_mapping, "slot_mapping", DType::kInt64, dev);
+  require_contiguous_1d(a.slot_mapping, "slot_mapping", T, "one per token of x");
+  check_cache(a.kv_cache, kvh, dev);
 
-  MUSE_RETURN_IF(tensor_basics(positions, "positions", DType::kInt64, dev));
-  MUSE_RETURN_IF(contiguous_1d(positions, "positions", T, "one per token of x"));
+  // Written: out and the cache must not alias anything read.
+  const std::pair<const TensorRef*, const char*> inputs[] = {{&x, "x"},
+                                                             {&a.weight, "weight"},
+                                                             {&a.positions, "positions"},
+                                                             {&a.cos_sin, "cos_sin"},
+                                                             {&a.slot_mapping, "slot_mapping"}};
+  const TensorRef& out = a.out;
+  const bool with_out = complete || out.present();
+  if (with_out) {
+    require_tensor(out, "out", DType::kBFloat16, dev);
+    if (out.ndim != 2 || out.shape[0] != T || out.shape[1] != N)
+      fail_expected("out", cat("[", T, ", ", N, "] (tokens of x, qkv width)"), out.shape_str());
+    require_rows16(out, "out", N);
+    for (const auto& [t, name] : inputs) require_disjoint(out, "out", *t, name);
+    require_disjoint(out, "out", a.kv_cache, "kv_cache");
+  }
+  for (const auto& [t, name] : inputs) require_disjoint(a.kv_cache, "kv_cache", *t, name);
 
-  if (cos_sin.present()) {
-    MUSE_RETURN_IF(tensor_basics(cos_sin, "cos_sin", DType::kFloat32, dev));
-    if (cos_sin.ndim != 2 || cos_sin.shape[0] < 1 || cos_sin.shape[1] != kHeadDim)
-      return expected_text("cos_sin", cat("[max_pos, ", kHeadDim, "] with max_pos >= 1 (cos | sin)"),
-                           cos_sin.shape_str());
-    if (!cos_sin.contiguous()) return expected_text("cos_sin", "contiguous", cat("strides ", strides_str(cos_sin)));
-    MUSE_RETURN_IF(aligned16(cos_sin, "cos_sin"));
+  // The workspace last: its size depends on the device the call runs on.
+  const TensorRef& ws = a.workspace;
+  const bool with_ws = complete || ws.present();
+  if (with_ws) {
+    check_workspace(ws, kvh, dev);
+    for (const auto& [t, name] : inputs) require_disjoint(ws, "workspace", *t, name);
+    require_disjoint(ws, "workspace", a.kv_cache, "kv_cache");
+    require_disjoint(ws, "workspace", out, "out");
   }
 
-  MUSE_RETURN_IF(tensor_basics(slot_mapping, "slot_mapping", DType::kInt64, dev));
-  MUSE_RETURN_IF(contiguous_1d(slot_mapping, "slot_mapping", T, "one per token of x"));
-
-  MUSE_RETURN_IF(tensor_basics(kv_cache, "kv_cache", DType::kBFloat16, dev));
-  if (kv_cache.ndim != 4 || kv_cache.shape[0] < 1 || kv_cache.shape[1] != num_kv_heads ||
-      kv_cache.shape[2] != kPageSize || kv_cache.shape[3] != kCacheRowWidth)
-    return expected_text("kv_cache",
-                         cat("[pages, ", num_kv_heads, ", ", kPageSize, ", ", kCacheRowWidth, "] (num_kv_heads = ",
-                             num_kv_heads, ")"),
-                         kv_cache.shape_str());
-  if (!kv_cache.contiguous()) return expected_text("kv_cache", "contiguous", cat("strides ", strides_str(kv_cache)));
-  MUSE_RETURN_IF(aligned16(kv_cache, "kv_cache"));
-
-  if (out) {
-    MUSE_RETURN_IF(tensor_basics(*out, "out", DType::kBFloat16, dev));
-    if (out->ndim != 2 || out->shape[0] != T || out->shape[1] != N)
-      return expected_text("out", cat("[", T, ", ", N, "] (tokens of x, qkv width)"), out->shape_str());
-    MUSE_RETURN_IF(rows16(*out, "out", N));
-    MUSE_RETURN_IF(disjoint(*out, "out", x, "x"));
-    MUSE_RETURN_IF(disjoint(*out, "out", weight, "weight"));
-    MUSE_RETURN_IF(disjoint(*out, "out", positions, "positions"));
-    MUSE_RETURN_IF(disjoint(*out, "out", cos_sin, "cos_sin"));
-    MUSE_RETURN_IF(disjoint(*out, "out", slot_mapping, "slot_mapping"));
-    MUSE_RETURN_IF(disjoint(*out, "out", kv_cache, "kv_cache"));
+  QkvFrontParams p;
+  p.x = x.data;
+  p.x_stride = T > 1 ? x.stride[0] : kHiddenSize;
+  p.weight = a.weight.data;
+  p.positions = static_cast<const int64_t*>(a.positions.data);
+  p.cos_sin = a.cos_sin.present() ? static_cast<const float*>(a.cos_sin.data) : nullptr;
+  p.max_pos = a.cos_sin.present() ? a.cos_sin.shape[0] : 0;
+  p.slot_mapping = static_cast<const int64_t*>(a.slot_mapping.data);
+  p.kv_cache = a.kv_cache.data;
+  p.num_slots = a.kv_cache.shape[0] * kPageSize;
+  if (with_out) {
+    p.out = out.data;
+    p.out_stride = T > 1 ? out.stride[0] : N;
   }
-  MUSE_RETURN_IF(disjoint(kv_cache, "kv_cache", x, "x"));
-  MUSE_RETURN_IF(disjoint(kv_cache, "kv_cache", weight, "weight"));
-  MUSE_RETURN_IF(disjoint(kv_cache, "kv_cache", positions, "positions"));
-  MUSE_RETURN_IF(disjoint(kv_cache, "kv_cache", cos_sin, "cos_sin"));
-  MUSE_RETURN_IF(disjoint(kv_cache, "kv_cache", slot_mapping, "slot_mapping"));
-
-  if (!supported_family(family_of(dev))) return unavailable("qkv_front");
-
-  if (p) {
-    p->x = x.data;
-    p->x_stride = T > 1 ? x.stride[0] : kHiddenSize;
-    p->weight = weight.data;
-    p->positions = static_cast<const int64_t*>(positions.data);
-    p->cos_sin = cos_sin.present() ? static_cast<const float*>(cos_sin.data) : nullptr;
-    p->max_pos = cos_sin.present() ? cos_sin.shape[0] : 0;
-    p->slot_mapping = static_cast<const int64_t*>(slot_mapping.data);
-    p->kv_cache = kv_cache.data;
-    p->num_slots = kv_cache.shape[0] * kPageSize;
-    if (out) {
-      p->out = out->data;
-      p->out_stride = T > 1 ? out->stride[0] : N;
-    }
-    p->num_tokens = static_cast<int>(T);
-    p->num_kv_heads = num_kv_heads;
+  if (with_ws) {
+    p.workspace = ws.data;
+    p.num_ctas = qkv_front_ctas(kvh, std::max(sms_of(dev), 1));
   }
-  return std::nullopt;
+  p.num_tokens = static_cast<int>(T);
+  p.num_kv_heads = kvh;
+  p.pdl = a.pdl;
+  return p;
 }
 
 }  // namespace
 
-bool supports_shape(int n, int num_kv_heads) {
+bool qkv_front_supports_shape(int n, int num_kv_heads) {
   return valid_kv_heads(num_kv_heads) && n == qkv_width(num_kv_heads);
 }
 
 int qkv_front_ctas(int num_kv_heads, int sm_count) {
-  if (!valid_kv_heads(num_kv_heads)) fail(expected_text("num_kv_heads", "one of 1, 2, 4, 8, 16", num_kv_heads));
-  if (sm_count < 1) fail(expected_text("sm_count", "at least 1", sm_count));
+  require_kv_heads(num_kv_heads);
+  if (sm_count < 1) fail_expected("sm_count", "at least 1", sm_count);
   // A persistent grid: one CTA per SM streams 1/sm_count of the weight (TP8 on
   // an H200: 4608 blocks of 8 KB over 132 CTAs = 34.9 each, so the busiest CTA
   // reads 0.3% more than the mean). More CTAs than SMs would only add a tail.
@@ -217,13 +225,14 @@ int64_t qkv_front_workspace_bytes(int num_kv_heads, int sm_count) {
 }
 
 int64_t qkv_front_workspace_bytes_for_device(int num_kv_heads, int device) {
+  device = detail::resolve_device(device);
   const int sms = sms_of(device);
   if (sms < 1) fail(cat("qkv_front_workspace_bytes: no CUDA device ", device, " (", describe_device(device), ")"));
   return qkv_front_workspace_bytes(num_kv_heads, sms);
 }
 
 QkvViews split_qkv(const TensorRef& qkv, int num_kv_heads) {
-  if (!valid_kv_heads(num_kv_heads)) fail(expected_text("num_kv_heads", "one of 1, 2, 4, 8, 16", num_kv_heads));
+  require_kv_heads(num_kv_heads);
   const int64_t q_width = int64_t{kHeadsPerKvHead} * num_kv_heads * kHeadDim;
   const int64_t kv_width = int64_t{num_kv_heads} * kHeadDim;
   const int64_t n = 2 * q_width + 2 * kv_width;
@@ -277,69 +286,85 @@ std::optional<std::string> unsupported_projection(const ProjectionDesc& a) {
   return std::nullopt;
 }
 
-std::optional<std::string> unsupported_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                                            const TensorRef& cos_sin, const TensorRef& slot_mapping,
-                                            const TensorRef& kv_cache, int num_kv_heads, const TensorRef& out) {
-  return check_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads,
-                    out.present() ? &out : nullptr, nullptr);
+// ---------------------------------------------------------------------------
+// Per-call checks.
+std::optional<std::string> unsupported_qkv_front_call(const QkvFrontArgs& args) {
+  return detail::reason_of([&] { check_call(args, false); });
 }
 
-bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions, const TensorRef& cos_sin,
-                   const TensorRef& slot_mapping, const TensorRef& kv_cache, int num_kv_heads) {
-  return !check_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, nullptr, nullptr);
+bool qkv_front_supports_call(const QkvFrontArgs& args) { return !unsupported_qkv_front_call(args); }
+
+QkvFrontParams check_qkv_front(const QkvFrontArgs& args) { return check_call(args, true); }
+
+// ---------------------------------------------------------------------------
+// Device setup and launch.
+void prepare_qkv_front(int device) {
+  detail::prepare_device(g_prepared, "qkv_front", device, [](int d) {
+    detail::throw_if_cuda_error(detail::qkv_front_set_kernel_attributes(),
+                                "prepare_qkv_front: setting the kernel attributes");
+    QkvFrontDevice s;
+    s.sms = sm_count(d);
+    return s;
+  });
 }
 
-bool supports_call(const TensorRef& x, const TensorRef& weight, const TensorRef& positions, const TensorRef& cos_sin,
-                   const TensorRef& slot_mapping, const TensorRef& kv_cache, int num_kv_heads, const TensorRef& out) {
-  return !check_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, &out, nullptr);
+int launch(const QkvFrontParams& p, Stream stream) { return detail::qkv_front_launch(p, stream); }
+
+void qkv_front(const QkvFrontArgs& args, Stream stream) {
+  const QkvFrontParams p = check_qkv_front(args);
+  detail::require_prepared(g_prepared, "qkv_front", args.x.device);
+  detail::throw_if_cuda_error(detail::qkv_front_launch(p, stream), "qkv_front: kernel launch");
 }
 
-QkvFrontParams check_qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions,
-                               const TensorRef& cos_sin, const TensorRef& slot_mapping, const TensorRef& kv_cache,
-                               int num_kv_heads, const TensorRef& out, const TensorRef& workspace) {
-  QkvFrontParams p;
-  if (auto why = check_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, &out, &p))
-    fail(*why);
-  // The workspace last: its size depends on the device the call runs on.
-  const int dev = x.device;
-  if (auto why = tensor_basics(workspace, "workspace", workspace.dtype, dev)) fail(*why);
-  const int sms = sms_of(dev);
-  const int64_t need = qkv_front_workspace_bytes(num_kv_heads, std::max(sms, 1));
-  const int64_t have = workspace.contiguous() ? workspace.numel() * dtype_size(workspace.dtype) : 0;
-  if (workspace.ndim != 1 || have < need)
-    fail(expected_text("workspace",
-                       cat("a contiguous 1-D buffer of at least ", need, " bytes (qkv_front_workspace_bytes for ",
-                           num_kv_heads, " KV heads, ", sms, " SMs)"),
-                       cat(workspace.shape_str(), " of ", dtype_name(workspace.dtype), ", ", have, " bytes")));
-  if (auto why = aligned16(workspace, "workspace")) fail(*why);
-  const TensorRef* others[] = {&x, &weight, &positions, &cos_sin, &slot_mapping, &kv_cache, &out};
-  const char* names[] = {"x", "weight", "positions", "cos_sin", "slot_mapping", "kv_cache", "out"};
-  for (int i = 0; i < 7; ++i)
-    if (auto why = disjoint(workspace, "workspace", *others[i], names[i])) fail(*why);
-  p.workspace = workspace.data;
-  p.num_ctas = qkv_front_ctas(num_kv_heads, std::max(sms, 1));
-  return p;
+// ---------------------------------------------------------------------------
+// The bound form: the layer's tensors are checked here, once; the weight
+// decides the device.
+QkvFront::QkvFront(const TensorRef& weight, const TensorRef& cos_sin, const TensorRef& kv_cache, int num_kv_heads,
+                   const TensorRef& workspace)
+    : weight_(weight), cos_sin_(cos_sin), kv_cache_(kv_cache), workspace_(workspace), num_kv_heads_(num_kv_heads) {
+  using detail::require_disjoint;
+  require_kv_heads(num_kv_heads);
+  check_weight(weight, num_kv_heads, -1);
+  const int dev = weight.device;
+  check_cos_sin(cos_sin, dev);
+  check_cache(kv_cache, num_kv_heads, dev);
+  check_workspace(workspace, num_kv_heads, dev);
+  require_disjoint(kv_cache, "kv_cache", weight, "weight");
+  require_disjoint(kv_cache, "kv_cache", cos_sin, "cos_sin");
+  require_disjoint(workspace, "workspace", weight, "weight");
+  require_disjoint(workspace, "workspace", cos_sin, "cos_sin");
+  require_disjoint(workspace, "workspace", kv_cache, "kv_cache");
+  prepare_qkv_front(dev);
 }
 
-void qkv_front(const TensorRef& x, const TensorRef& weight, const TensorRef& positions, const TensorRef& cos_sin,
-               const TensorRef& slot_mapping, const TensorRef& kv_cache, int num_kv_heads, const TensorRef& out,
-               const TensorRef& workspace, Stream stream, bool pdl) {
-  QkvFrontParams p =
-      check_qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace);
-  p.pdl = pdl;
-  if (int err = launch_qkv_front(p, stream))
-    throw std::runtime_error(cat("qkv_front: kernel launch failed (CUDA error ", err, ")"));
+QkvFrontArgs QkvFront::args(const TensorRef& x, const TensorRef& positions, const TensorRef& slot_mapping,
+                            const TensorRef& out, bool pdl) const {
+  QkvFrontArgs a;
+  a.x = x;
+  a.weight = weight_;
+  a.positions = positions;
+  a.cos_sin = cos_sin_;
+  a.slot_mapping = slot_mapping;
+  a.kv_cache = kv_cache_;
+  a.num_kv_heads = num_kv_heads_;
+  a.out = out;
+  a.workspace = workspace_;
+  a.pdl = pdl;
+  return a;
 }
 
-#undef MUSE_RETURN_IF
+void QkvFront::operator()(const TensorRef& x, const TensorRef& positions, const TensorRef& slot_mapping,
+                          const TensorRef& out, Stream stream, bool pdl) const {
+  qkv_front(args(x, positions, slot_mapping, out, pdl), stream);
+}
 
 }  // namespace muse_decode
 
 #ifndef MUSE_DECODE_WITH_CUDA
-// A build without CUDA keeps the host API and answers the launch with
-// cudaErrorNotSupported.
-namespace muse_decode {
-int prepare_qkv_front() { return 801; }
-int launch_qkv_front(const QkvFrontParams&, Stream) { return 801; }
-}  // namespace muse_decode
+// A build without CUDA keeps the host API and answers the kernels' entries
+// with cudaErrorNotSupported.
+namespace muse_decode::detail {
+int qkv_front_launch(const QkvFrontParams&, Stream) { return kCudaErrorNotSupported; }
+int qkv_front_set_kernel_attributes() { return kCudaErrorNotSupported; }
+}  // namespace muse_decode::detail
 #endif

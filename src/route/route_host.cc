@@ -1,10 +1,12 @@
-// route host layer: the router check, the metadata layout and the per-call
-// argument checks that guard the launch.
+// route host layer: the router check, the metadata layout, the per-call
+// argument checks that guard the launch, the device setup and the launch.
 #include <cmath>
 #include <stdexcept>
 
 #include "../common/checks.h"
+#include "../common/hardware.h"
 #include "muse_decode/route.h"
+#include "route_kernels.h"
 
 namespace muse_decode {
 
@@ -68,20 +70,27 @@ std::optional<std::string> unsupported_router(const RouterDesc& r) {
   return std::nullopt;
 }
 
-MuseRouting::MuseRouting(const RouterDesc& router) {
-  if (auto why = unsupported_router(router)) fail("MuseRouting does not support " + *why);
-  bias_ = static_cast<const float*>(router.expert_bias.data);
-  bias_device_ = router.expert_bias.device;
-  route_scale_ = static_cast<float>(router.route_scale);
-}
-
-RouteParams MuseRouting::check(const TensorRef& logits, const TensorRef& ids,
-                               const TensorRef& weights, const RoutingMetadata* metadata) const {
+// ---------------------------------------------------------------------------
+// Per-call checks.
+RouteParams check_route(const RouteArgs& a) {
   using namespace detail;
+  // The bias (the layer's) decides the device.
+  const TensorRef& bias = a.expert_bias;
+  require_present(bias, "expert_bias");
+  require_dtype(bias, "expert_bias", DType::kFloat32);
+  require_cuda(bias, "expert_bias");
+  if (bias.ndim != 1 || bias.shape[0] != kNumExperts || !bias.contiguous())
+    fail_expected("expert_bias", cat("a contiguous [", kNumExperts, "]"),
+                  cat(bias.shape_str(), bias.contiguous() ? "" : " non-contiguous"));
+  require_aligned(bias.data, "expert_bias", 16);
+  const int device = bias.device;
+  if (!std::isfinite(a.route_scale)) fail_expected("route_scale", "finite", a.route_scale);
+
+  const TensorRef& logits = a.logits;
   require_present(logits, "logits");
   require_dtype(logits, "logits", DType::kFloat32);
   require_cuda(logits, "logits");
-  require_same_device(logits, "logits", bias_device_);
+  require_same_device(logits, "logits", device);
   if (logits.ndim != 2 || logits.shape[0] < 1 || logits.shape[0] > kRouteMaxTokens ||
       logits.shape[1] != kNumExperts)
     fail_expected("logits", cat("[b, ", kNumExperts, "] with 1 <= b <= ", kRouteMaxTokens),
@@ -97,30 +106,30 @@ RouteParams MuseRouting::check(const TensorRef& logits, const TensorRef& ids,
     require_present(t, name);
     require_dtype(t, name, dtype);
     require_cuda(t, name);
-    require_same_device(t, name, bias_device_);
+    require_same_device(t, name, device);
     if (t.ndim != 2 || t.shape[0] != b || t.shape[1] != kTopK || !t.contiguous())
       fail_expected(name, cat("a contiguous [", b, ", ", kTopK, "] tensor (b = the logits' rows)"),
                     cat(t.shape_str(), t.contiguous() ? "" : " non-contiguous"));
   };
-  require_out(ids, "ids", DType::kInt32);
-  require_out(weights, "weights", DType::kFloat32);
-  TensorRef bias = make_tensor(const_cast<float*>(bias_), DType::kFloat32, {kNumExperts}, bias_device_);
-  require_disjoint(ids, "ids", weights, "weights");
-  require_disjoint(ids, "ids", logits, "logits");
-  require_disjoint(weights, "weights", logits, "logits");
-  require_disjoint(ids, "ids", bias, "the expert bias");
-  require_disjoint(weights, "weights", bias, "the expert bias");
+  require_out(a.ids, "ids", DType::kInt32);
+  require_out(a.weights, "weights", DType::kFloat32);
+  require_disjoint(a.ids, "ids", a.weights, "weights");
+  require_disjoint(a.ids, "ids", logits, "logits");
+  require_disjoint(a.weights, "weights", logits, "logits");
+  require_disjoint(a.ids, "ids", bias, "expert_bias");
+  require_disjoint(a.weights, "weights", bias, "expert_bias");
 
   RouteParams p;
   p.logits = static_cast<const float*>(logits.data);
   p.logits_stride = logits.shape[0] > 1 ? logits.stride[0] : kNumExperts;
-  p.bias = bias_;
-  p.ids = static_cast<int32_t*>(ids.data);
-  p.weights = static_cast<float*>(weights.data);
+  p.bias = static_cast<const float*>(bias.data);
+  p.ids = static_cast<int32_t*>(a.ids.data);
+  p.weights = static_cast<float*>(a.weights.data);
   p.num_tokens = b;
-  p.route_scale = route_scale_;
-  if (metadata) {
-    const RoutingMetadata& m = *metadata;
+  p.route_scale = static_cast<float>(a.route_scale);
+  p.pdl = a.pdl;
+  if (a.metadata) {
+    const RoutingMetadata& m = *a.metadata;
     require_tile_n(m.tile_n, "metadata.tile_n");
     if (m.local_expert_offset < 0 || m.local_expert_offset >= kNumExperts)
       fail_expected("metadata.local_expert_offset", cat("in [0, ", kNumExperts, ")"), m.local_expert_offset);
@@ -133,7 +142,7 @@ RouteParams MuseRouting::check(const TensorRef& logits, const TensorRef& ids,
     require_present(buf, "metadata.buffer");
     require_dtype(buf, "metadata.buffer", DType::kInt32);
     require_cuda(buf, "metadata.buffer");
-    require_same_device(buf, "metadata.buffer", bias_device_);
+    require_same_device(buf, "metadata.buffer", device);
     if (buf.ndim != 1 || !buf.contiguous())
       fail_expected("metadata.buffer", "a contiguous 1-D tensor", buf.shape_str());
     const int64_t need = metadata_size(m.tile_n);
@@ -141,10 +150,10 @@ RouteParams MuseRouting::check(const TensorRef& logits, const TensorRef& ids,
       fail_expected("metadata.buffer", cat("at least ", need, " int32 elements for tile_n ", m.tile_n),
                     buf.shape[0]);
     require_aligned(buf.data, "metadata.buffer", 16);
-    require_disjoint(buf, "metadata.buffer", ids, "ids");
-    require_disjoint(buf, "metadata.buffer", weights, "weights");
+    require_disjoint(buf, "metadata.buffer", a.ids, "ids");
+    require_disjoint(buf, "metadata.buffer", a.weights, "weights");
     require_disjoint(buf, "metadata.buffer", logits, "logits");
-    require_disjoint(buf, "metadata.buffer", bias, "the expert bias");
+    require_disjoint(buf, "metadata.buffer", bias, "expert_bias");
     p.metadata = static_cast<int32_t*>(buf.data);
     p.local_expert_offset = m.local_expert_offset;
     p.num_local_experts = m.num_local_experts;
@@ -153,12 +162,49 @@ RouteParams MuseRouting::check(const TensorRef& logits, const TensorRef& ids,
   return p;
 }
 
+std::optional<std::string> unsupported_route_call(const RouteArgs& args) {
+  return detail::reason_of([&] { check_route(args); });
+}
+
+// ---------------------------------------------------------------------------
+// Launch. The kernel needs no attributes: preparing a device is refusing the
+// GPUs it was not built for, once, outside the per-call path.
+namespace {
+struct RouteDevice {};
+detail::PerDevice<RouteDevice> g_prepared;
+}  // namespace
+
+void prepare_route(int device) {
+  detail::prepare_device(g_prepared, "route", device, [](int) { return RouteDevice{}; });
+}
+
+int launch(const RouteParams& p, Stream stream) { return detail::route_launch(p, stream); }
+
+void route(const RouteArgs& args, Stream stream) {
+  const RouteParams p = check_route(args);
+  detail::require_prepared(g_prepared, "route", args.expert_bias.device);
+  detail::throw_if_cuda_error(detail::route_launch(p, stream), "route: kernel launch");
+}
+
+// ---------------------------------------------------------------------------
+MuseRouting::MuseRouting(const RouterDesc& router) {
+  if (auto why = unsupported_router(router)) fail("MuseRouting does not support " + *why);
+  bias_ = router.expert_bias;
+  route_scale_ = router.route_scale;
+  prepare_route(bias_.device);
+}
+
 void MuseRouting::operator()(const TensorRef& logits, const TensorRef& ids, const TensorRef& weights,
-                             const RoutingMetadata* metadata, Stream stream, bool pdl) const {
-  RouteParams p = check(logits, ids, weights, metadata);
-  p.pdl = pdl;
-  if (int err = launch_route(p, stream))
-    throw std::runtime_error(cat("route: kernel launch failed (CUDA error ", err, ")"));
+                             const std::optional<RoutingMetadata>& metadata, Stream stream, bool pdl) const {
+  RouteArgs a;
+  a.logits = logits;
+  a.expert_bias = bias_;
+  a.route_scale = route_scale_;
+  a.ids = ids;
+  a.weights = weights;
+  a.metadata = metadata;
+  a.pdl = pdl;
+  route(a, stream);
 }
 
 }  // namespace muse_decode
@@ -166,7 +212,7 @@ void MuseRouting::operator()(const TensorRef& logits, const TensorRef& ids, cons
 #ifndef MUSE_DECODE_WITH_CUDA
 // A build without CUDA keeps the host API and answers the launch with
 // cudaErrorNotSupported.
-namespace muse_decode {
-int launch_route(const RouteParams&, Stream) { return 801; }
-}  // namespace muse_decode
+namespace muse_decode::detail {
+int route_launch(const RouteParams&, Stream) { return kCudaErrorNotSupported; }
+}  // namespace muse_decode::detail
 #endif

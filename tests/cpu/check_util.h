@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "muse_decode/arch.h"
+
 namespace muse_decode::testing {
 
 // The std::invalid_argument text f throws, or "(no error)".
@@ -20,5 +22,14 @@ std::string error_of(F&& f) {
 
 // Fake device addresses: the checks read shapes and addresses, never data.
 inline void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// A device ordinal no test prepares and no machine has: the ops' "needs
+// prepare" path and prepare's refusal, with no launch on any machine.
+constexpr int kUnpreparedDevice = 63;
+
+// The text prepare_<op>(device) throws on a device the kernels cannot run.
+inline std::string prepare_refusal(const std::string& op, int device) {
+  return op + " cannot run on this machine: " + unavailable(op) + "; found " + describe_device(device);
+}
 
 }  // namespace muse_decode::testing

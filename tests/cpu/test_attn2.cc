@@ -1,7 +1,9 @@
 // CPU tests of attn2's host layer and reference: the sizing functions, every
-// refusal reason of unsupported_attn2 and check_attn2 (exact text), the
-// parameters a good call produces, and the reference against closed-form
-// answers (uniform attention, a window of one key, page indirection).
+// refusal reason of unsupported_attn2 and check_attn2 (exact text, the same
+// from unsupported_attn2_call), the parameters a good call produces, the op
+// and the bound form refusing a device not prepared, and the reference
+// against closed-form answers (uniform attention, a window of one key, page
+// indirection).
 #include <gtest/gtest.h>
 
 #include "check_util.h"
@@ -12,6 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/reference/attn2.h"
@@ -24,6 +27,8 @@ namespace {
 
 using muse_decode::testing::addr;
 using muse_decode::testing::error_of;
+using muse_decode::testing::kUnpreparedDevice;
+using muse_decode::testing::prepare_refusal;
 
 TensorRef strided(void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int device = 0) {
   TensorRef t = md::make_tensor(data, dtype, {rows, cols}, device);
@@ -50,7 +55,13 @@ struct Call {
     const int64_t ws = md::attn2_workspace_bytes(reqs, kvh, a.num_splits);
     a.workspace = md::make_tensor(addr(0x5000000), DType::kInt32, {(ws + 3) / 4});
   }
-  std::string check() const { return error_of([&] { md::check_attn2(a); }); }
+  // The text check_attn2 throws, after checking that unsupported_attn2_call
+  // returns the same.
+  std::string check() const {
+    const std::string thrown = error_of([&] { md::check_attn2(a); });
+    EXPECT_EQ(md::unsupported_attn2_call(a).value_or("(no error)"), thrown);
+    return thrown;
+  }
 };
 
 uint16_t bf16_bits(float f) {
@@ -160,6 +171,14 @@ TEST(Attn2Check, GoodCallFillsTheParams) {
   w.a.window = 2048;
   w.a.num_splits = md::attn2_splits(131072, 2048, 2);
   EXPECT_EQ(w.check(), "(no error)");
+}
+
+TEST(Attn2Check, PdlIsTheDefault) {
+  EXPECT_TRUE(md::Attn2Args{}.pdl);
+  Call c;
+  EXPECT_TRUE(md::check_attn2(c.a).pdl);
+  c.a.pdl = false;
+  EXPECT_FALSE(md::check_attn2(c.a).pdl);
 }
 
 TEST(Attn2Check, ScalarReasons) {
@@ -296,6 +315,52 @@ TEST(Attn2Check, WorkspaceAndOverlapReasons) {
   c = Call();
   c.a.workspace.data = addr(0x2000000);
   EXPECT_EQ(c.check(), "workspace and block_table must not overlap in memory");
+}
+
+// ---- devices -------------------------------------------------------------------------
+
+namespace {
+Call on_unprepared_device() {
+  Call c;
+  for (TensorRef* t : {&c.a.q, &c.a.gate, &c.a.kv_cache, &c.a.block_table, &c.a.seq_lens, &c.a.out, &c.a.workspace})
+    t->device = kUnpreparedDevice;
+  return c;
+}
+}  // namespace
+
+TEST(Attn2Device, TheOpNeedsPrepareFirst) {
+  Call c = on_unprepared_device();
+  EXPECT_EQ(c.check(), "(no error)");  // the arguments are good: only the device is missing
+  EXPECT_EQ(error_of([&] { md::attn2(c.a, nullptr); }), "attn2 on cuda:63 needs prepare_attn2(63) first");
+  EXPECT_EQ(error_of([] { md::attn2_residency(kUnpreparedDevice); }),
+            "attn2_residency(63) needs prepare_attn2(63) first");
+  // A bad argument is refused first, with its own text.
+  c.a.q.dtype = DType::kFloat32;
+  EXPECT_EQ(error_of([&] { md::attn2(c.a, nullptr); }), "q must be bfloat16, got float32");
+}
+
+TEST(Attn2Device, PrepareRefusesADeviceTheKernelsCannotRun) {
+  EXPECT_EQ(error_of([] { md::prepare_attn2(kUnpreparedDevice); }), prepare_refusal("attn2", kUnpreparedDevice));
+}
+
+TEST(Attn2Device, TheBoundFormChecksItsTensorsThenPrepares) {
+  const Call c = on_unprepared_device();
+  const auto bind = [&](TensorRef kv, TensorRef ws, int mml, int window, int splits) {
+    return error_of([&] { md::Attn2 op(kv, ws, mml, window, splits); });
+  };
+  const md::Attn2Args& a = c.a;
+  EXPECT_EQ(bind(a.kv_cache, a.workspace, 4, 0, 1), "max_model_len must be at least 8, got 4");
+  EXPECT_EQ(bind(a.kv_cache, a.workspace, a.max_model_len, 0, 33), "num_splits must be in [1, 32], got 33");
+  TensorRef kv = a.kv_cache;
+  kv.dtype = DType::kFloat16;
+  EXPECT_EQ(bind(kv, a.workspace, a.max_model_len, 0, a.num_splits), "kv_cache must be bfloat16, got float16");
+  EXPECT_EQ(bind(a.kv_cache, TensorRef{}, a.max_model_len, 0, a.num_splits), "workspace is missing (null data)");
+  TensorRef ws = a.workspace;
+  ws.device = 0;
+  EXPECT_EQ(bind(a.kv_cache, ws, a.max_model_len, 0, a.num_splits), "workspace must be on cuda:63, got cuda:0");
+  EXPECT_EQ(bind(a.kv_cache, a.workspace, a.max_model_len, 0, a.num_splits),
+            prepare_refusal("attn2", kUnpreparedDevice));
+  EXPECT_EQ(bind(a.kv_cache, TensorRef{}, 2048, 0, 1), prepare_refusal("attn2", kUnpreparedDevice));
 }
 
 // ---- the reference against closed forms -----------------------------------------------

@@ -1,7 +1,8 @@
 // CPU tests of qkv_front's host layer and reference: shape support, the
 // workspace sizing, split_qkv, every refusal reason of the projection and call
-// checks (exact text), the checked call refusing before any launch, and the
-// reference against double-precision formulas.
+// checks (exact text, the same from unsupported_qkv_front_call, check_qkv_front
+// and the op), the op and the bound form refusing a device not prepared, and
+// the reference against double-precision formulas.
 #include <gtest/gtest.h>
 
 #include "check_util.h"
@@ -25,6 +26,8 @@ namespace {
 
 using muse_decode::testing::addr;
 using muse_decode::testing::error_of;
+using muse_decode::testing::kUnpreparedDevice;
+using muse_decode::testing::prepare_refusal;
 
 // A valid TP8 call (2 KV heads, N = 2304) of 4 tokens.
 struct Call {
@@ -36,21 +39,35 @@ struct Call {
   TensorRef slots = md::make_tensor(addr(0x22000000), DType::kInt64, {4});
   TensorRef cache = md::make_tensor(addr(0x23000000), DType::kBFloat16, {64, 2, 16, 128});
   TensorRef out = md::make_tensor(addr(0x30000000), DType::kBFloat16, {4, 2304});
-  TensorRef workspace = md::make_tensor(addr(0x40000000), DType::kInt32, {1 << 20});
+  TensorRef workspace = md::make_tensor(addr(0x60000000), DType::kInt32, {1 << 20});
 
-  std::optional<std::string> why(bool with_out = true) const {
-    return md::unsupported_call(x, weight, positions, cos_sin, slots, cache, kvh, with_out ? out : TensorRef{});
+  md::QkvFrontArgs args(bool with_out = true) const {
+    md::QkvFrontArgs a;
+    a.x = x;
+    a.weight = weight;
+    a.positions = positions;
+    a.cos_sin = cos_sin;
+    a.slot_mapping = slots;
+    a.kv_cache = cache;
+    a.num_kv_heads = kvh;
+    if (with_out) {
+      a.out = out;
+      a.workspace = workspace;
+    }
+    return a;
   }
+  // unsupported_qkv_front_call, without out and workspace unless with_out.
+  std::optional<std::string> why(bool with_out = true) const { return md::unsupported_qkv_front_call(args(with_out)); }
+  // The text the checked op throws, after checking that check_qkv_front
+  // throws the same.
   std::string checked() const {
-    return error_of([&] { md::qkv_front(x, weight, positions, cos_sin, slots, cache, kvh, out, workspace, nullptr); });
+    const std::string thrown = error_of([&] { md::qkv_front(args(), nullptr); });
+    if (thrown.find("needs prepare_qkv_front") == std::string::npos) {
+      EXPECT_EQ(error_of([&] { md::check_qkv_front(args()); }), thrown);
+    }
+    return thrown;
   }
 };
-
-// What a valid call gets on this machine: nothing, or the GPU family reason.
-std::optional<std::string> valid_answer() {
-  if (md::supported_family(md::gpu_family(0))) return std::nullopt;
-  return md::unavailable("qkv_front");
-}
 
 md::ProjectionDesc good_projection(bool rope) {
   md::ProjectionDesc a;
@@ -70,15 +87,15 @@ md::ProjectionDesc good_projection(bool rope) {
 
 TEST(QkvFrontShape, SupportsShape) {
   for (int kvh : {1, 2, 4, 8, 16}) {
-    EXPECT_TRUE(md::supports_shape(2 * 9 * kvh * 64, kvh)) << kvh;
-    EXPECT_FALSE(md::supports_shape(2 * 9 * kvh * 64 + 64, kvh)) << kvh;
+    EXPECT_TRUE(md::qkv_front_supports_shape(2 * 9 * kvh * 64, kvh)) << kvh;
+    EXPECT_FALSE(md::qkv_front_supports_shape(2 * 9 * kvh * 64 + 64, kvh)) << kvh;
   }
-  EXPECT_TRUE(md::supports_shape(2304, 2));
-  EXPECT_TRUE(md::supports_shape(18432, 16));
-  EXPECT_FALSE(md::supports_shape(2304, 3));
-  EXPECT_FALSE(md::supports_shape(3456, 3));
-  EXPECT_FALSE(md::supports_shape(0, 0));
-  EXPECT_FALSE(md::supports_shape(36864, 32));
+  EXPECT_TRUE(md::qkv_front_supports_shape(2304, 2));
+  EXPECT_TRUE(md::qkv_front_supports_shape(18432, 16));
+  EXPECT_FALSE(md::qkv_front_supports_shape(2304, 3));
+  EXPECT_FALSE(md::qkv_front_supports_shape(3456, 3));
+  EXPECT_FALSE(md::qkv_front_supports_shape(0, 0));
+  EXPECT_FALSE(md::qkv_front_supports_shape(36864, 32));
 }
 
 TEST(QkvFrontShape, GridAndWorkspaceSizing) {
@@ -212,20 +229,31 @@ TEST(QkvFrontChecks, UnsupportedProjectionReasons) {
 
 TEST(QkvFrontChecks, ValidCalls) {
   Call c;
-  EXPECT_EQ(c.why(), valid_answer());
-  EXPECT_EQ(c.why(false), valid_answer());
-  EXPECT_EQ(md::supports_call(c.x, c.weight, c.positions, c.cos_sin, c.slots, c.cache, 2), !valid_answer());
-  EXPECT_EQ(md::supports_call(c.x, c.weight, c.positions, c.cos_sin, c.slots, c.cache, 2, c.out), !valid_answer());
+  EXPECT_EQ(c.why(), std::nullopt);
+  EXPECT_EQ(c.why(false), std::nullopt);
+  EXPECT_TRUE(md::qkv_front_supports_call(c.args(false)));
+  EXPECT_TRUE(md::qkv_front_supports_call(c.args()));
+  // The params of the complete check.
+  const md::QkvFrontParams p = md::check_qkv_front(c.args());
+  EXPECT_EQ(p.x, c.x.data);
+  EXPECT_EQ(p.out, c.out.data);
+  EXPECT_EQ(p.workspace, c.workspace.data);
+  EXPECT_EQ(p.num_tokens, 4);
+  EXPECT_EQ(p.num_kv_heads, 2);
+  EXPECT_EQ(p.max_pos, 4096);
+  EXPECT_EQ(p.num_slots, 64 * 16);
+  EXPECT_EQ(p.num_ctas, md::qkv_front_ctas(2, std::max(md::sm_count(0), 1)));
   // NoPE layer, one token (any row stride), 16 tokens, every KV-head count.
   c.cos_sin = TensorRef{};
-  EXPECT_EQ(c.why(), valid_answer());
+  EXPECT_EQ(c.why(), std::nullopt);
+  EXPECT_EQ(md::check_qkv_front(c.args()).cos_sin, nullptr);
   Call one;
   one.x = md::make_tensor(addr(0x100000), DType::kBFloat16, {1, 8192});
   one.x.stride[0] = 3;  // ignored for one row
   one.positions = md::make_tensor(addr(0x20000000), DType::kInt64, {1});
   one.slots = md::make_tensor(addr(0x22000000), DType::kInt64, {1});
   one.out = md::make_tensor(addr(0x30000000), DType::kBFloat16, {1, 2304});
-  EXPECT_EQ(one.why(), valid_answer());
+  EXPECT_EQ(one.why(), std::nullopt);
   for (int kvh : {1, 4, 8, 16}) {
     Call k;
     const int64_t n = md::qkv_width(kvh);
@@ -238,7 +266,7 @@ TEST(QkvFrontChecks, ValidCalls) {
     k.cache = md::make_tensor(addr(0x40000000), DType::kBFloat16, {64, kvh, 16, 128});
     k.out = md::make_tensor(addr(0x50000000), DType::kBFloat16, {16, n});
     k.out.stride[0] = n + 8;
-    EXPECT_EQ(k.why(), valid_answer()) << kvh;
+    EXPECT_EQ(k.why(), std::nullopt) << kvh;
   }
 }
 
@@ -341,14 +369,112 @@ TEST(QkvFrontChecks, UnsupportedCallReasons) {
     EXPECT_EQ(*why, k.reason) << k.what;
     EXPECT_EQ(c.checked(), k.reason) << k.what << ": the checked call throws the same text";
   }
-  // Without out, the out checks are skipped.
+  // Without out and workspace, their checks are skipped.
   Call c;
   c.out = md::make_tensor(addr(0x30000000), DType::kBFloat16, {4, 2048});
-  EXPECT_EQ(c.why(false), valid_answer());
-  EXPECT_FALSE(md::supports_call(c.x, c.weight, c.positions, c.cos_sin, c.slots, c.cache, 2, c.out));
-  // The checked call needs out.
+  c.workspace.dtype = DType::kOther;
+  EXPECT_EQ(c.why(false), std::nullopt);
+  EXPECT_FALSE(md::qkv_front_supports_call(c.args()));
+  // The checked call needs both.
+  c = Call{};
   c.out = TensorRef{};
   EXPECT_EQ(c.checked(), "out is missing (null data)");
+  c = Call{};
+  c.workspace = TensorRef{};
+  EXPECT_EQ(c.checked(), "workspace is missing (null data)");
+  EXPECT_EQ(c.why(), std::nullopt);  // out given and checked, workspace absent and skipped
+  c.out.dtype = DType::kFloat32;
+  EXPECT_EQ(c.why(), "out must be bfloat16, got float32");
+}
+
+TEST(QkvFrontChecks, WorkspaceReasons) {
+  Call c;
+  c.workspace = md::make_tensor(addr(0x60000000), DType::kUInt8, {1000});
+  const int sms = md::sm_count(0);
+  const int64_t need = md::qkv_front_workspace_bytes(2, std::max(sms, 1));
+  const std::string small = "workspace must be a contiguous 1-D buffer of at least " + std::to_string(need) +
+                            " bytes (qkv_front_workspace_bytes for 2 KV heads, " + std::to_string(sms) +
+                            " SMs), got [1000] of uint8, 1000 bytes";
+  EXPECT_EQ(c.why(), small);
+  EXPECT_EQ(c.checked(), small);
+  c = Call{};
+  c.workspace.device = -1;
+  EXPECT_EQ(c.checked(), "workspace must be on a CUDA device, got host memory");
+  c = Call{};
+  c.workspace.data = addr(0x60000004);
+  EXPECT_EQ(c.checked(), "workspace must be 16-byte aligned, got address 0x60000004");
+  c = Call{};
+  c.workspace.data = addr(0x23000000);
+  EXPECT_EQ(c.checked(), "workspace and kv_cache must not overlap in memory");
+  c = Call{};
+  c.workspace.data = addr(0x30000000);
+  EXPECT_EQ(c.checked(), "workspace and out must not overlap in memory");
+}
+
+TEST(QkvFrontChecks, PdlIsTheDefault) {
+  EXPECT_TRUE(md::QkvFrontArgs{}.pdl);
+  Call c;
+  md::QkvFrontArgs a = c.args();
+  EXPECT_TRUE(md::check_qkv_front(a).pdl);
+  a.pdl = false;
+  EXPECT_FALSE(md::check_qkv_front(a).pdl);
+}
+
+// ---------------------------------------------------------------------------
+// Devices.
+
+namespace {
+Call on_unprepared_device() {
+  Call c;
+  for (TensorRef* t : {&c.x, &c.weight, &c.positions, &c.cos_sin, &c.slots, &c.cache, &c.out, &c.workspace})
+    t->device = kUnpreparedDevice;
+  return c;
+}
+}  // namespace
+
+TEST(QkvFrontDevice, TheOpNeedsPrepareFirst) {
+  Call c = on_unprepared_device();
+  EXPECT_EQ(c.why(), std::nullopt);  // the arguments are good: only the device is missing
+  EXPECT_EQ(c.checked(), "qkv_front on cuda:63 needs prepare_qkv_front(63) first");
+  c.slots.dtype = DType::kInt32;  // a bad argument is refused first, with its own text
+  EXPECT_EQ(c.checked(), "slot_mapping must be int64, got int32");
+}
+
+TEST(QkvFrontDevice, PrepareRefusesADeviceTheKernelsCannotRun) {
+  EXPECT_EQ(error_of([] { md::prepare_qkv_front(kUnpreparedDevice); }),
+            prepare_refusal("qkv_front", kUnpreparedDevice));
+  EXPECT_EQ(error_of([] { md::qkv_front_workspace_bytes_for_device(2, kUnpreparedDevice); }),
+            "qkv_front_workspace_bytes: no CUDA device 63 (" + md::describe_device(kUnpreparedDevice) + ")");
+}
+
+TEST(QkvFrontDevice, TheBoundFormChecksItsTensorsThenPrepares) {
+  const Call c = on_unprepared_device();
+  const auto bind = [](const Call& k) {
+    return error_of([&] { md::QkvFront front(k.weight, k.cos_sin, k.cache, k.kvh, k.workspace); });
+  };
+  Call k = c;
+  k.kvh = 3;
+  EXPECT_EQ(bind(k), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+  k = c;
+  k.weight.dtype = DType::kFloat16;
+  EXPECT_EQ(bind(k), "weight must be bfloat16, got float16");
+  k = c;
+  k.cos_sin.device = 0;
+  EXPECT_EQ(bind(k), "cos_sin must be on cuda:63, got cuda:0");
+  k = c;
+  k.cache = md::make_tensor(addr(0x23000000), DType::kBFloat16, {64, 4, 16, 128}, kUnpreparedDevice);
+  EXPECT_EQ(bind(k), "kv_cache must be [pages, 2, 16, 128] (num_kv_heads = 2), got [64, 4, 16, 128]");
+  k = c;
+  k.workspace = TensorRef{};
+  EXPECT_EQ(bind(k), "workspace is missing (null data)");
+  k = c;
+  k.workspace.data = k.cache.data;
+  EXPECT_EQ(bind(k), "workspace and kv_cache must not overlap in memory");
+  const std::string prepare = prepare_refusal("qkv_front", kUnpreparedDevice);
+  EXPECT_EQ(bind(c), prepare);
+  k = c;
+  k.cos_sin = TensorRef{};  // a layer without RoPE
+  EXPECT_EQ(bind(k), prepare);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // CPU tests of route's host layer and reference: the metadata layout, every
-// refusal reason (exact text), the reference against double-precision
-// formulas, ties, NaN, and the metadata builder for every tile_n and several
-// rank splits.
+// refusal reason (exact text, the same from unsupported_route_call and
+// check_route), the op refusing a device not prepared, the reference against
+// double-precision formulas, ties, NaN, and the metadata builder for every
+// tile_n and several rank splits.
 #include <gtest/gtest.h>
 
 #include "check_util.h"
@@ -14,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "muse_decode/arch.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/route.h"
 
@@ -27,6 +29,8 @@ constexpr int kTiles[] = {8, 16, 32, 64, 128, 256};
 
 using muse_decode::testing::addr;
 using muse_decode::testing::error_of;
+using muse_decode::testing::kUnpreparedDevice;
+using muse_decode::testing::prepare_refusal;
 
 md::RouterDesc good_router() {
   md::RouterDesc r;
@@ -36,14 +40,31 @@ md::RouterDesc good_router() {
 
 struct Call {
   TensorRef logits = md::make_tensor(addr(0x20000), DType::kFloat32, {4, 256});
+  TensorRef bias = md::make_tensor(addr(0x10000), DType::kFloat32, {256});
+  double route_scale = 1.0;
   TensorRef ids = md::make_tensor(addr(0x30000), DType::kInt32, {4, 8});
   TensorRef weights = md::make_tensor(addr(0x40000), DType::kFloat32, {4, 8});
   md::RoutingMetadata meta{md::make_tensor(addr(0x50000), DType::kInt32, {md::metadata_size(64)}), 32, 64, 64};
+
+  md::RouteArgs args(bool with_meta = true) const {
+    md::RouteArgs a;
+    a.logits = logits;
+    a.expert_bias = bias;
+    a.route_scale = route_scale;
+    a.ids = ids;
+    a.weights = weights;
+    if (with_meta) a.metadata = meta;
+    return a;
+  }
 };
 
+// The text check_route throws, after checking that unsupported_route_call
+// returns the same.
 std::string check(const Call& c, bool with_meta = true) {
-  md::MuseRouting routing(good_router());
-  return error_of([&] { routing.check(c.logits, c.ids, c.weights, with_meta ? &c.meta : nullptr); });
+  const md::RouteArgs a = c.args(with_meta);
+  const std::string thrown = error_of([&] { md::check_route(a); });
+  EXPECT_EQ(md::unsupported_route_call(a).value_or("(no error)"), thrown);
+  return thrown;
 }
 
 }  // namespace
@@ -128,10 +149,14 @@ TEST(RouteChecks, GoodCallPasses) {
     c.logits.shape[0] = c.ids.shape[0] = c.weights.shape[0] = b;
     EXPECT_EQ(check(c), "(no error)") << b;
   }
-  md::MuseRouting routing(good_router());
   c = Call{};
   c.logits.stride[0] = 260;  // a padded row stride, still 16-byte aligned
-  const auto p = routing.check(c.logits, c.ids, c.weights, &c.meta);
+  c.route_scale = 2.5;
+  const md::RouteParams p = md::check_route(c.args());
+  EXPECT_EQ(p.logits, c.logits.data);
+  EXPECT_EQ(p.bias, c.bias.data);
+  EXPECT_EQ(p.route_scale, 2.5f);
+  EXPECT_TRUE(p.pdl);
   EXPECT_EQ(p.logits_stride, 260);
   EXPECT_EQ(p.num_tokens, 4);
   EXPECT_EQ(p.tile_n, 64);
@@ -141,6 +166,27 @@ TEST(RouteChecks, GoodCallPasses) {
 
 TEST(RouteChecks, EveryRefusal) {
   Call c;
+  c.bias = TensorRef{};
+  EXPECT_EQ(check(c), "expert_bias is missing (null data)");
+  c = Call{};
+  c.bias.dtype = DType::kBFloat16;
+  EXPECT_EQ(check(c), "expert_bias must be float32, got bfloat16");
+  c = Call{};
+  c.bias.device = -1;
+  EXPECT_EQ(check(c), "expert_bias must be on a CUDA device, got host memory");
+  c = Call{};
+  c.bias = md::make_tensor(addr(0x10000), DType::kFloat32, {128});
+  EXPECT_EQ(check(c), "expert_bias must be a contiguous [256], got [128]");
+  c = Call{};
+  c.bias.stride[0] = 2;
+  EXPECT_EQ(check(c), "expert_bias must be a contiguous [256], got [256] non-contiguous");
+  c = Call{};
+  c.bias.data = addr(0x10004);
+  EXPECT_EQ(check(c), "expert_bias must be 16-byte aligned, got address 0x10004");
+  c = Call{};
+  c.route_scale = INFINITY;
+  EXPECT_EQ(check(c), "route_scale must be finite, got inf");
+  c = Call{};
   c.logits.dtype = DType::kBFloat16;
   EXPECT_EQ(check(c), "logits must be float32, got bfloat16");
   c = Call{};
@@ -190,7 +236,10 @@ TEST(RouteChecks, EveryRefusal) {
   EXPECT_EQ(check(c), "ids and logits must not overlap in memory");
   c = Call{};
   c.weights.data = addr(0x10200);  // inside the bias
-  EXPECT_EQ(check(c), "weights and the expert bias must not overlap in memory");
+  EXPECT_EQ(check(c), "weights and expert_bias must not overlap in memory");
+  c = Call{};
+  c.meta.buffer.data = addr(0x10000);
+  EXPECT_EQ(check(c), "metadata.buffer and expert_bias must not overlap in memory");
   c = Call{};
   c.meta.tile_n = 12;
   EXPECT_EQ(check(c), "metadata.tile_n must be one of 8, 16, 32, 64, 128, 256, got 12");
@@ -222,6 +271,38 @@ TEST(RouteChecks, EveryRefusal) {
   c = Call{};
   c.meta.buffer = TensorRef{};
   EXPECT_EQ(check(c), "metadata.buffer is missing (null data)");
+}
+
+TEST(RouteChecks, PdlIsTheDefault) {
+  EXPECT_TRUE(md::RouteArgs{}.pdl);
+  Call c;
+  md::RouteArgs a = c.args();
+  a.pdl = false;
+  EXPECT_FALSE(md::check_route(a).pdl);
+}
+
+TEST(RouteDevice, TheOpNeedsPrepareFirst) {
+  Call c;
+  c.logits.device = c.bias.device = c.ids.device = c.weights.device = c.meta.buffer.device = kUnpreparedDevice;
+  EXPECT_EQ(check(c), "(no error)");  // the arguments are good: only the device is missing
+  EXPECT_EQ(error_of([&] { md::route(c.args(), nullptr); }), "route on cuda:63 needs prepare_route(63) first");
+  // A bad argument is refused first, with its own text.
+  c.ids.dtype = DType::kInt64;
+  EXPECT_EQ(error_of([&] { md::route(c.args(), nullptr); }), "ids must be int32, got int64");
+}
+
+TEST(RouteDevice, PrepareRefusesADeviceTheKernelsCannotRun) {
+  const std::string why = error_of([] { md::prepare_route(kUnpreparedDevice); });
+  EXPECT_EQ(why, prepare_refusal("route", kUnpreparedDevice));
+  if (!md::built_with_cuda()) {
+    EXPECT_EQ(why,
+              "route cannot run on this machine: GPUs other than SM90 (H100/H200) or the SM100 family "
+              "(B200/B300) (route); found no CUDA device (this build has no CUDA kernels)");
+  }
+  // The bound form prepares the bias's device when it is built.
+  md::RouterDesc r = good_router();
+  r.expert_bias.device = kUnpreparedDevice;
+  EXPECT_EQ(error_of([&] { md::MuseRouting routing(r); }), why);
 }
 
 // ---------------------------------------------------------------------------

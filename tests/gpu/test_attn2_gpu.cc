@@ -512,6 +512,30 @@ TEST_F(Attn2Gpu, ProgrammaticDependentLaunch) {
   s.check(s.run(/*pdl=*/true));
 }
 
+// The bound form (Attn2) and the unchecked launch of check_attn2's params
+// (with the cluster size the GPU places) write the bits the op writes.
+TEST_F(Attn2Gpu, BoundFormAndUncheckedLaunchMatchTheOp) {
+  for (int mml : {131072, 2048}) {
+    SCOPED_TRACE(::testing::Message() << "max_model_len " << mml);
+    Problem p(2, {std::min(mml, 20000), 900}, mml, std::nullopt, 71);
+    const auto first = p.run(/*pdl=*/true);
+    p.check(first);
+    const md::Attn2Args a = p.args();
+    const md::Attn2 bound(a.kv_cache, a.workspace, a.max_model_len, a.window, a.num_splits);
+    p.poison();
+    bound(a.q, a.gate, a.block_table, a.seq_lens, a.out, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(p.d_out->download(), first) << "the bound form's bits differ";
+    md::Attn2Params prm = md::check_attn2(a);
+    if (prm.cluster_size == 16) prm.cluster_size = md::attn2_residency().short_cluster_size;
+    p.poison();
+    CUDA_OK(static_cast<cudaError_t>(md::launch(prm, nullptr)));
+    CUDA_OK(cudaDeviceSynchronize());
+    ASSERT_EQ(p.d_out->download(), first) << "the unchecked launch's bits differ";
+    EXPECT_EQ(p.workspace_left_dirty(), 0);
+  }
+}
+
 TEST_F(Attn2Gpu, BadInputLaunchesNothing) {
   Problem p(2, {3000}, 8192, std::nullopt, 61);
   p.poison();

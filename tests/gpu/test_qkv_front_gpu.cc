@@ -6,8 +6,7 @@
 // cache write nothing); out's padding untouched; graph capture then replay
 // with new inputs (two chained PDL launches sharing a workspace); the same
 // bits over 10 runs; bad input refused with nothing launched. Both kernels
-// run: 2 KV heads take the cluster kernel, the other counts stream-K, and one
-// test forces the variants of each.
+// run: 2 KV heads take the cluster kernel, the other counts stream-K.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +17,6 @@
 #include "gpu_util.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference/qkv_front.h"
-#include "../../src/qkv_front/qkv_front_tuning.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -88,6 +86,7 @@ struct Front {
         slots2(16),
         cs(static_cast<size_t>(kMaxPos) * 64),
         ws(static_cast<size_t>(md::qkv_front_workspace_bytes_for_device(kv_heads, 0) / 4)) {
+    md::prepare_qkv_front(0);
     w_host.resize(w.size());
     // Weights of a realistic scale (1/sqrt(8192) ~ 0.011); x in [-1, 1).
     const int threads = 16;
@@ -168,11 +167,25 @@ struct Front {
     cache.upload(std::vector<uint16_t>(cache.size(), kCachePoison));
   }
 
+  md::QkvFrontArgs args(int T, bool rope, const DeviceBuffer<uint16_t>& o, const DeviceBuffer<int64_t>& p,
+                       const DeviceBuffer<int64_t>& s, bool pdl) const {
+    md::QkvFrontArgs a;
+    a.x = t_x(T);
+    a.weight = t_w();
+    a.positions = md::make_tensor(p.get(), DType::kInt64, {T});
+    a.cos_sin = t_cs(rope);
+    a.slot_mapping = md::make_tensor(s.get(), DType::kInt64, {T});
+    a.kv_cache = t_cache();
+    a.num_kv_heads = kvh;
+    a.out = t_out(o, T);
+    a.workspace = t_ws();
+    a.pdl = pdl;
+    return a;
+  }
+
   void call(int T, bool rope, const DeviceBuffer<uint16_t>& o, const DeviceBuffer<int64_t>& p,
             const DeviceBuffer<int64_t>& s, bool pdl) {
-    md::qkv_front(t_x(T), t_w(), md::make_tensor(p.get(), DType::kInt64, {T}), t_cs(rope),
-                  md::make_tensor(s.get(), DType::kInt64, {T}), t_cache(), kvh, t_out(o, T), t_ws(),
-                  reinterpret_cast<md::Stream>(stream), pdl);
+    md::qkv_front(args(T, rope, o, p, s, pdl), reinterpret_cast<md::Stream>(stream));
   }
 
   // out (rows < T) against the reference, its padding untouched, and the
@@ -255,35 +268,6 @@ TEST(QkvFrontGpu, EveryTokenCountAndHeadCountMatchesReference) {
   }
 }
 
-// The cluster kernel with every split the benchmark's knobs reach (CTAs per
-// head 1-3, owner slices shorter and longer than the others, stages before
-// the PDL wait) and with 1 KV head, which the dispatch table sends to the
-// stream-K kernel; the stream-K kernel with fewer stages before the wait.
-TEST(QkvFrontGpu, KernelVariantsMatchReference) {
-  SKIP_WITHOUT_GPU();
-  namespace tn = md::qkv_front_tuning;
-  struct Case {
-    int kvh;
-    tn::Tuning t;
-  };
-  const Case cases[] = {{2, {2, 1, 0, 0, 0}},  {2, {2, 2, 64, 3, 0}}, {2, {2, 2, 100, 0, 0}},
-                        {2, {2, 3, 42, 16, 0}}, {2, {2, 3, 50, 1, 0}}, {1, {2, 3, 0, 0, 0}},
-                        {2, {1, 0, 0, 0, 4}},   {16, {1, 0, 0, 0, 6}}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "kvh=" << c.kvh << " path=" << c.t.path << " ctas=" << c.t.cluster_ctas
-                                      << " owner=" << c.t.owner_blocks << " pre=" << c.t.pre_stages << "/"
-                                      << c.t.streamk_pre_stages);
-    Front f(c.kvh, 41);
-    tn::set(c.t);
-    for (int T : {1, 8, 9, 16}) {
-      f.run_and_check(T, /*rope=*/T != 9, /*pdl=*/T % 2 == 0);
-      if (HasFatalFailure()) break;
-    }
-    tn::set(tn::Tuning{});
-    if (HasFatalFailure()) return;
-  }
-}
-
 // Slots outside the cache and -1 write nothing; positions past the table's
 // end clamp to its last row, as the reference says.
 TEST(QkvFrontGpu, PadSlotsAndOutOfRangeValues) {
@@ -307,8 +291,8 @@ TEST(QkvFrontGpu, PadSlotsAndOutOfRangeValues) {
 TEST(QkvFrontGpu, GraphReplayWithNewInputs) {
   SKIP_WITHOUT_GPU();
   Front f(2, 9);
-  CUDA_OK(static_cast<cudaError_t>(md::prepare_qkv_front()));  // outside capture
-  f.call(8, true, f.out, f.pos, f.slots, false);                  // an eager call first, as engines do
+  md::prepare_qkv_front();                         // outside capture (Front's constructor did it too)
+  f.call(8, true, f.out, f.pos, f.slots, false);  // an eager call first, as engines do
   CUDA_OK(cudaStreamSynchronize(f.stream));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -369,6 +353,38 @@ TEST(QkvFrontGpu, BitIdenticalOverTenRunsAndWorkspaceLeftReady) {
     }
 }
 
+// The bound form (QkvFront) and the unchecked launch of check_qkv_front's
+// params write the bits the op writes.
+TEST(QkvFrontGpu, BoundFormAndUncheckedLaunchMatchTheOp) {
+  SKIP_WITHOUT_GPU();
+  for (int kvh : {2, 16}) {
+    SCOPED_TRACE(::testing::Message() << "kvh=" << kvh);
+    Front f(kvh, 27);
+    const int T = 8;
+    f.poison();
+    f.pos.upload(f.new_positions(T));
+    f.slots.upload(f.new_slots(T));
+    const auto st = reinterpret_cast<md::Stream>(f.stream);
+    const md::QkvFrontArgs a = f.args(T, true, f.out, f.pos, f.slots, true);
+    md::qkv_front(a, st);
+    CUDA_OK(cudaStreamSynchronize(f.stream));
+    const auto out0 = f.out.download(), cache0 = f.cache.download();
+
+    const md::QkvFront bound(a.weight, a.cos_sin, a.kv_cache, kvh, a.workspace);
+    f.poison();
+    bound(a.x, a.positions, a.slot_mapping, a.out, st);
+    CUDA_OK(cudaStreamSynchronize(f.stream));
+    ASSERT_TRUE(f.out.download() == out0) << "the bound form's out differs";
+    ASSERT_TRUE(f.cache.download() == cache0) << "the bound form's cache differs";
+
+    f.poison();
+    CUDA_OK(static_cast<cudaError_t>(md::launch(md::check_qkv_front(a), st)));
+    CUDA_OK(cudaStreamSynchronize(f.stream));
+    ASSERT_TRUE(f.out.download() == out0) << "the unchecked launch's out differs";
+    ASSERT_TRUE(f.cache.download() == cache0) << "the unchecked launch's cache differs";
+  }
+}
+
 TEST(QkvFrontGpu, BadInputLaunchesNothing) {
   SKIP_WITHOUT_GPU();
   Front f(2, 33);
@@ -380,7 +396,17 @@ TEST(QkvFrontGpu, BadInputLaunchesNothing) {
   const auto attempt = [&](const TensorRef& x, const TensorRef& cs, const TensorRef& out, const TensorRef& ws) {
     try {
       const int T = static_cast<int>(out.shape[0]);
-      md::qkv_front(x, f.t_w(), pos(T), cs, slots(T), f.t_cache(), 2, out, ws, reinterpret_cast<md::Stream>(f.stream));
+      md::QkvFrontArgs a;
+      a.x = x;
+      a.weight = f.t_w();
+      a.positions = pos(T);
+      a.cos_sin = cs;
+      a.slot_mapping = slots(T);
+      a.kv_cache = f.t_cache();
+      a.num_kv_heads = 2;
+      a.out = out;
+      a.workspace = ws;
+      md::qkv_front(a, reinterpret_cast<md::Stream>(f.stream));
     } catch (const std::invalid_argument& e) {
       return std::string(e.what());
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "gpu_util.h"
 #include "muse_decode/reference.h"
@@ -81,7 +82,7 @@ TEST(RouteGpu, MatchesReferenceAndMetadataIsFieldExact) {
         std::vector<int32_t> poison(f.meta.size(), kPoison);
         f.meta.upload(poison);
         md::RoutingMetadata m{md::make_tensor(f.meta.get(), DType::kInt32, {(int64_t)f.meta.size()}), off, n, tile};
-        routing(f.t_logits(b), f.t_ids(b), f.t_weights(b), &m, nullptr);
+        routing(f.t_logits(b), f.t_ids(b), f.t_weights(b), m, nullptr);
         CUDA_OK(cudaDeviceSynchronize());
         auto ids = f.ids.download();
         auto w = f.weights.download();
@@ -121,7 +122,7 @@ TEST(RouteGpu, TiesAndNaN) {
   x[3 * 256 + 100] = std::numeric_limits<float>::infinity();
   x[3 * 256 + 101] = -std::numeric_limits<float>::infinity();
   f.logits.upload(x);
-  routing(f.t_logits(4), f.t_ids(4), f.t_weights(4), nullptr, nullptr);
+  routing(f.t_logits(4), f.t_ids(4), f.t_weights(4), std::nullopt, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   auto ids = f.ids.download();
   auto w = f.weights.download();
@@ -148,7 +149,7 @@ TEST(RouteGpu, GraphReplayWithNewLogitsAndDeterminism) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), &m, reinterpret_cast<md::Stream>(stream));
+  routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), m, reinterpret_cast<md::Stream>(stream));
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int rep = 0; rep < 5; ++rep) {
@@ -188,8 +189,45 @@ TEST(RouteGpu, BadInputLaunchesNothing) {
   f.logits.upload(f.random_logits(8));
   f.ids.fill_bytes(0x5a);
   md::RoutingMetadata m{md::make_tensor(f.meta.get(), DType::kInt32, {(int64_t)f.meta.size()}), 0, 256, 12};
-  EXPECT_THROW(routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), &m, nullptr), std::invalid_argument);
-  EXPECT_THROW(routing(f.t_logits(8), f.t_ids(8), f.t_ids(8), nullptr, nullptr), std::invalid_argument);
+  EXPECT_THROW(routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), m, nullptr), std::invalid_argument);
+  EXPECT_THROW(routing(f.t_logits(8), f.t_ids(8), f.t_ids(8), std::nullopt, nullptr), std::invalid_argument);
   CUDA_OK(cudaDeviceSynchronize());
   for (int32_t v : f.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "a refused call wrote ids";
+}
+
+// route() with the bias as an argument and the unchecked launch of
+// check_route's params write the bits the bound form writes.
+TEST(RouteGpu, UnboundOpAndUncheckedLaunchMatchTheBoundForm) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  const auto routing = f.routing();  // prepares the device
+  f.logits.upload(f.random_logits(8));
+  md::RoutingMetadata m{md::make_tensor(f.meta.get(), DType::kInt32, {(int64_t)f.meta.size()}), 32, 64, 32};
+  const auto outputs = [&] { return std::make_tuple(f.ids.download(), f.weights.download(), f.meta.download()); };
+  const auto poison = [&] {
+    f.ids.fill_bytes(0xff);
+    f.weights.fill_bytes(0xff);
+    f.meta.upload(std::vector<int32_t>(f.meta.size(), kPoison));
+  };
+  poison();
+  routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), m, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto bound = outputs();
+
+  md::RouteArgs a;
+  a.logits = f.t_logits(8);
+  a.expert_bias = routing.expert_bias();
+  a.route_scale = routing.route_scale();
+  a.ids = f.t_ids(8);
+  a.weights = f.t_weights(8);
+  a.metadata = m;
+  poison();
+  md::route(a, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(outputs() == bound) << "route() differs from the bound form";
+
+  poison();
+  CUDA_OK(static_cast<cudaError_t>(md::launch(md::check_route(a), nullptr)));
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(outputs() == bound) << "the unchecked launch differs from the bound form";
 }

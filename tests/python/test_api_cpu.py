@@ -1,6 +1,10 @@
-"""CPU tests of the Python package: names, sizing, the router check's every
-reason, and the routing call's argument checks (ValueError with exact text),
-with stand-in tensors: no GPU and no PyTorch needed."""
+"""CPU tests of the Python package: names and aliases, sizing, the router
+check's every reason, each op's argument checks (ValueError with exact text,
+the same from unsupported_<op>_call), the ops and bound forms refusing a
+device not prepared, prepare_<op> refusing a device the kernels cannot run,
+and integer arguments outside int32, with stand-in tensors: no GPU and no
+PyTorch needed. Every call that passes its checks is on cuda:63, a device no
+machine has, so nothing here can launch a kernel on a GPU machine either."""
 
 import types
 
@@ -32,12 +36,72 @@ SEED_NAMES = [  # every name of the seed's module (shared/reference/seed-cute_op
 SPEC_NAMES = [  # SPEC section 7's list beyond the seed's
     "attn2", "prepare_attn2", "launch_qkv_front", "fold_router_output_multiplier", "metadata_size", "gpu_family",
 ]
+OP_NAMES = [  # the API shape every op shares (SPEC section 3), by op
+    "route", "unsupported_route_call", "prepare_route", "MuseRouting",
+    "attn2", "unsupported_attn2_call", "prepare_attn2", "Attn2",
+    "qkv_front", "unsupported_qkv_front_call", "prepare_qkv_front", "QkvFront",
+    "qkv_front_supports_call", "qkv_front_supports_shape", "qkv_front_workspace_bytes",
+    "qkv_front_workspace_bytes_for_device",
+]
+UNPREPARED = 63  # a device ordinal no test prepares and no machine has
+
+
+def prepare_text(op):
+    return f"{op} cannot run on this machine: {md.unavailable(op)}; found {md._C.describe_device(UNPREPARED)}"
 
 
 def test_seed_and_spec_names():
-    for name in SEED_NAMES + SPEC_NAMES:
+    for name in SEED_NAMES + SPEC_NAMES + OP_NAMES:
         assert callable(getattr(md, name, None)), name
         assert name in md.__all__, name
+
+
+def test_seed_names_are_aliases_of_the_op_named_ones():
+    assert md.launch_qkv_front is md.qkv_front  # the seed's name for the checked op
+    assert md.supports_call is md.qkv_front_supports_call
+    assert md.supports_shape is md.qkv_front_supports_shape
+    assert not hasattr(md, "unsupported_call")  # unsupported_qkv_front_call names its op
+
+
+def test_pdl_is_the_default_everywhere():
+    for f in [md.route, md.attn2, md.qkv_front, md.MuseRouting.__call__, md.Attn2.__call__, md.QkvFront.__call__]:
+        assert "pdl: bool = True" in f.__doc__.splitlines()[0], f.__doc__.splitlines()[0]
+
+
+@pytest.mark.parametrize("op", ["route", "attn2", "qkv_front"])
+def test_prepare_refuses_a_device_the_kernels_cannot_run(op):
+    prepare = getattr(md, "prepare_" + op)
+    with pytest.raises(ValueError) as e:
+        prepare(UNPREPARED)
+    assert str(e.value) == prepare_text(op)
+    if not md._C.built_with_cuda():
+        assert str(e.value) == (
+            f"{op} cannot run on this machine: GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) "
+            f"({op}); found no CUDA device (this build has no CUDA kernels)"
+        )
+    with pytest.raises(ValueError) as e:
+        prepare(device=UNPREPARED)
+    assert str(e.value) == prepare_text(op)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: md.attn2_splits(2**40, 0, 2),
+         r"max_model_len must fit in int32 \[-2147483648, 2147483647\], got 1099511627776"),
+        (lambda: md.metadata_size(2.5), "tile_n must be an integer, got float"),
+        (lambda: md.prepare_attn2(-(2**31) - 1),
+         r"device must fit in int32 \[-2147483648, 2147483647\], got -2147483649"),
+        (lambda: md.qkv_front_supports_shape(2304, 2**32),
+         r"num_kv_heads must fit in int32 \[-2147483648, 2147483647\], got 4294967296"),
+        (lambda: md.attn2_window(2**31, 2048),
+         r"sliding_window must fit in int32 \[-2147483648, 2147483647\], got 2147483648"),
+        (lambda: md.gpu_family("0"), "device must be an integer, got str"),
+    ],
+)
+def test_integers_outside_int32_are_value_errors_naming_the_argument(call, message):
+    with pytest.raises(ValueError, match="^" + message + "$"):
+        call()
 
 
 def test_names():
@@ -116,19 +180,34 @@ def test_unsupported_router(over, reason):
             md.MuseRouting(router(**over))
 
 
-def routing_check(logits=None, ids=None, weights=None, meta=None):
-    r = md.MuseRouting(router())
-    logits = logits or FakeTensor([4, 256], ptr=0x20000)
-    ids = ids or FakeTensor([4, 8], "int32", ptr=0x30000)
-    weights = weights or FakeTensor([4, 8], ptr=0x40000)
-    if meta is None:
-        r.check(logits, ids, weights)
+def route_args(logits=None, ids=None, weights=None, meta=None, bias=None, device=0):
+    return dict(
+        logits=logits or FakeTensor([4, 256], ptr=0x20000, device=device),
+        expert_bias=bias or FakeTensor([256], ptr=0x10000, device=device),
+        route_scale=1.0,
+        ids=ids or FakeTensor([4, 8], "int32", ptr=0x30000, device=device),
+        weights=weights or FakeTensor([4, 8], ptr=0x40000, device=device),
+        metadata=meta,
+    )
+
+
+def routing_check(**over):
+    """The reason of unsupported_route_call; route raises the same text (or,
+    with good arguments on cuda:63, that the device needs prepare_route)."""
+    args = route_args(**over)
+    reason = md.unsupported_route_call(**args)
+    with pytest.raises(ValueError) as e:
+        md.route(**args)
+    if reason is None:
+        assert str(e.value) == f"route on cuda:{args['logits'].get_device()} needs prepare_route(" \
+                               f"{args['logits'].get_device()}) first"
     else:
-        r.check(logits, ids, weights, meta.buffer, meta.local_expert_offset, meta.num_local_experts, meta.tile_n)
+        assert str(e.value) == reason
+        raise ValueError(reason)
 
 
-def good_meta(**over):
-    args = dict(buffer=FakeTensor([md.metadata_size(64)], "int32", ptr=0x50000), local_expert_offset=0,
+def good_meta(device=0, **over):
+    args = dict(buffer=FakeTensor([md.metadata_size(64)], "int32", ptr=0x50000, device=device), local_expert_offset=0,
                 num_local_experts=32, tile_n=64)
     args.update(over)
     return md.RoutingMetadata(**args)
@@ -153,6 +232,14 @@ def good_meta(**over):
             r"weights must be a contiguous \[4, 8\] tensor \(b = the logits' rows\), got \[4, 16\]",
         ),
         (dict(weights=FakeTensor([4, 8], ptr=0x30010)), "ids and weights must not overlap in memory"),
+        (dict(weights=FakeTensor([4, 8], ptr=0x10100)), "weights and expert_bias must not overlap in memory"),
+        (dict(bias=FakeTensor([256], "bfloat16", ptr=0x10000)), "expert_bias must be float32, got bfloat16"),
+        (dict(bias=FakeTensor([256], ptr=0x10000, device=1)),
+         r"logits must be on cuda:1, got cuda:0"),
+        (dict(meta=(FakeTensor([5000], "int32", ptr=0x50000), 0, 2**40, 64)),
+         r"metadata.num_local_experts must fit in int32 \[-2147483648, 2147483647\], got 1099511627776"),
+        (dict(meta=(FakeTensor([5000], "int32", ptr=0x50000), 0, 256)),
+         r"metadata must be a RoutingMetadata \(buffer, local_expert_offset, num_local_experts, tile_n\) or None"),
         (dict(meta=good_meta(tile_n=12)), "metadata.tile_n must be one of 8, 16, 32, 64, 128, 256, got 12"),
         (
             dict(meta=good_meta(local_expert_offset=240, num_local_experts=32)),
@@ -178,11 +265,12 @@ def test_routing_call_refusals(kwargs, message):
 
 
 def test_routing_call_accepts_good_arguments():
-    routing_check()
-    routing_check(meta=good_meta())
+    d = UNPREPARED
+    routing_check(device=d)
+    routing_check(meta=good_meta(d), device=d)
     for b in range(1, 9):
-        routing_check(FakeTensor([b, 256], ptr=0x20000), FakeTensor([b, 8], "int32", ptr=0x30000),
-                      FakeTensor([b, 8], ptr=0x40000), good_meta())
+        routing_check(logits=FakeTensor([b, 256], ptr=0x20000, device=d), ids=FakeTensor([b, 8], "int32", ptr=0x30000, device=d),
+                      weights=FakeTensor([b, 8], ptr=0x40000, device=d), meta=good_meta(d), device=d)
 
 
 def test_not_a_tensor():
@@ -190,39 +278,78 @@ def test_not_a_tensor():
         routing_check(logits=object())
 
 
+def test_muse_routing_checks_the_router_then_prepares_its_device():
+    with pytest.raises(ValueError, match="^MuseRouting does not support top-6 of 256 experts"):
+        md.MuseRouting(router(top_k=6, expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
+    with pytest.raises(ValueError) as e:
+        md.MuseRouting(router(expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
+    assert str(e.value) == prepare_text("route")
+
+
 def test_front_names_and_shapes():
     for name in ["split_qkv", "supports_call", "supports_shape", "launch_qkv_front", "unsupported_projection",
                  "qkv_front_workspace_bytes", "prepare_qkv_front"]:
         assert hasattr(md, name), name
-    assert md.supports_shape(2304, 2) and md.supports_shape(18432, 16)
-    assert not md.supports_shape(2304, 4) and not md.supports_shape(2300, 2)
+    assert md.qkv_front_supports_shape(2304, 2) and md.qkv_front_supports_shape(18432, 16)
+    # The same sizes as C++'s: TP8 on 132 SMs, 36 tiles -> 256 bytes of counters, (36 + 131) partials of 4 KB.
+    assert md.qkv_front_workspace_bytes(2, 132) == 256 + (36 + 131) * 4096
+    with pytest.raises(ValueError) as e:
+        md.qkv_front_workspace_bytes_for_device(2, UNPREPARED)
+    assert str(e.value) == f"qkv_front_workspace_bytes: no CUDA device 63 ({md._C.describe_device(UNPREPARED)})"
+    assert not md.qkv_front_supports_shape(2304, 4) and not md.qkv_front_supports_shape(2300, 2)
+
+
+def front_args(device=0, **over):
+    args = dict(
+        x=FakeTensor([8, 8192], "bfloat16", ptr=0x100000, device=device),
+        weight=FakeTensor([2304, 8192], "bfloat16", ptr=0x10000000, device=device),
+        positions=FakeTensor([8], "int64", ptr=0x200000, device=device),
+        cos_sin=FakeTensor([4096, 64], "float32", ptr=0x300000, device=device),
+        slot_mapping=FakeTensor([8], "int64", ptr=0x400000, device=device),
+        kv_cache=FakeTensor([64, 2, 16, 128], "bfloat16", ptr=0x20000000, device=device),
+        num_kv_heads=2,
+        out=FakeTensor([8, 2304], "bfloat16", ptr=0x500000, device=device),
+        workspace=FakeTensor([1 << 22], "uint8", ptr=0x30000000, device=device),
+    )
+    args.update(over)
+    return args
 
 
 def front_call(**over):
-    args = dict(
-        x=FakeTensor([8, 8192], "bfloat16", ptr=0x100000),
-        weight=FakeTensor([2304, 8192], "bfloat16", ptr=0x10000000),
-        positions=FakeTensor([8], "int64", ptr=0x200000),
-        cos_sin=FakeTensor([4096, 64], "float32", ptr=0x300000),
-        slot_mapping=FakeTensor([8], "int64", ptr=0x400000),
-        kv_cache=FakeTensor([64, 2, 16, 128], "bfloat16", ptr=0x20000000),
-        num_kv_heads=2,
-        out=FakeTensor([8, 2304], "bfloat16", ptr=0x500000),
-    )
-    args.update(over)
-    return md.unsupported_call(args["x"], args["weight"], args["positions"], args["cos_sin"], args["slot_mapping"],
-                               args["kv_cache"], args["num_kv_heads"], args["out"])
+    """The reason of unsupported_qkv_front_call; qkv_front raises the same
+    text (or, with good arguments on cuda:63, that the device needs
+    prepare_qkv_front)."""
+    args = front_args(**over)
+    reason = md.unsupported_qkv_front_call(**args)
+    assert md.qkv_front_supports_call(**args) == (reason is None)
+    with pytest.raises(ValueError) as e:
+        md.qkv_front(**args)
+    device = args["x"].get_device() if hasattr(args["x"], "get_device") else 0
+    assert str(e.value) == (reason or f"qkv_front on cuda:{device} needs prepare_qkv_front({device}) first")
+    return reason
 
 
 def test_front_call_reasons():
-    # Without a GPU the last check (the GPU family) refuses even a good call.
-    good = front_call()
-    assert good is None or "GPU" in good or "SM90" in good
-    assert front_call(x=FakeTensor([8, 8192], "float32", ptr=0x100000)).startswith("x must be")
-    assert "x" in front_call(x=FakeTensor([17, 8192], "bfloat16", ptr=0x100000))
-    assert "x" in front_call(x=FakeTensor([0, 8192], "bfloat16", ptr=0x100000))
-    assert "cos_sin" in front_call(cos_sin=FakeTensor([4096, 32], "float32", ptr=0x300000))
-    assert "weight" in front_call(weight=FakeTensor([2300, 8192], "bfloat16", ptr=0x10000000))
+    assert front_call(device=UNPREPARED) is None
+    assert front_call(device=UNPREPARED, cos_sin=None) is None  # a layer without RoPE
+    assert front_call(x=FakeTensor([8, 8192], "float32", ptr=0x100000)) == "x must be bfloat16, got float32"
+    assert front_call(x=FakeTensor([17, 8192], "bfloat16", ptr=0x100000)) == (
+        "x must be [T, 8192] with 1 <= T <= 16, got [17, 8192]")
+    assert front_call(cos_sin=FakeTensor([4096, 32], "float32", ptr=0x300000)) == (
+        "cos_sin must be [max_pos, 64] with max_pos >= 1 (cos | sin), got [4096, 32]")
+    assert front_call(weight=FakeTensor([2300, 8192], "bfloat16", ptr=0x10000000)) == (
+        "weight must be [2304, 8192] for 2 KV heads, got [2300, 8192]")
+    assert front_call(num_kv_heads=2**31) == (
+        "num_kv_heads must fit in int32 [-2147483648, 2147483647], got 2147483648")
+    assert front_call(workspace=FakeTensor([16], "uint8", ptr=0x30000000)).startswith(
+        "workspace must be a contiguous 1-D buffer of at least ")
+    # Without out and workspace, the check of everything else; the op needs both.
+    args = front_args(device=UNPREPARED, out=None, workspace=None)
+    assert md.unsupported_qkv_front_call(**args) is None and md.supports_call(**args)
+    with pytest.raises(ValueError, match=r"^out is missing \(null data\)$"):
+        md.qkv_front(**args)
+    bad_out = front_args(out=FakeTensor([8, 2048], "bfloat16", ptr=0x500000), workspace=None)
+    assert md.unsupported_qkv_front_call(**bad_out) == "out must be [8, 2304] (tokens of x, qkv width), got [8, 2048]"
 
 
 def test_split_qkv_refuses_a_wrong_width():
@@ -271,24 +398,64 @@ def test_attn2_sizing():
     assert md.attn2_workspace_bytes(1, 2, md.attn2_splits(131072, 0, 2)) > 0
 
 
-def test_bound_ops_read_their_tensors_once_and_check_every_call():
-    """QkvFront and Attn2 bind a layer's static tensors; a call with a bad
-    per-call tensor is refused naming it, before any launch."""
+def attn2_args(device=0, **over):
     bf16 = "bfloat16"
-    w = FakeTensor((2304, 8192), bf16, ptr=0x10000000)
-    cache = FakeTensor((64, 2, 16, 128), bf16, ptr=0x20000000)
-    ws = FakeTensor((1 << 20,), "uint8", ptr=0x30000000)
-    front = md.QkvFront(w, None, cache, 2, ws)
-    x = FakeTensor((8, 8192), "float32", ptr=0x40000000)
-    pos = FakeTensor((8,), "int64", ptr=0x50000000)
-    out = FakeTensor((8, 2304), bf16, ptr=0x60000000)
-    with pytest.raises(ValueError, match="^x must be bfloat16, got float32$"):
-        front(x, pos, pos, out)
-    attn = md.Attn2(cache, ws, 2048, 0, 1)
-    q = FakeTensor((8, 1024), "float32", ptr=0x70000000)
-    table = FakeTensor((1, 128), "int32", ptr=0x80000000)
-    lens = FakeTensor((1,), "int32", ptr=0x90000000)
-    with pytest.raises(ValueError, match="^q must be bfloat16, got float32$"):
-        attn(q, q, table, lens, out)
+    args = dict(
+        q=FakeTensor((8, 1024), bf16, ptr=0x70000000, device=device, stride=(2304, 1)),
+        gate=FakeTensor((8, 1024), bf16, ptr=0x70000000 + 2 * 1280, device=device, stride=(2304, 1)),
+        kv_cache=FakeTensor((64, 2, 16, 128), bf16, ptr=0x20000000, device=device),
+        block_table=FakeTensor((1, 128), "int32", ptr=0x80000000, device=device),
+        seq_lens=FakeTensor((1,), "int32", ptr=0x90000000, device=device),
+        out=FakeTensor((8, 1024), bf16, ptr=0x60000000, device=device),
+        workspace=None,
+        max_model_len=2048,
+        window=0,
+        num_splits=1,
+    )
+    args.update(over)
+    return args
+
+
+def test_attn2_call_reasons():
+    """unsupported_attn2_call gives the text attn2 raises; good arguments on a
+    device not prepared: attn2 says so."""
+    cases = [
+        (dict(device=UNPREPARED), None),
+        (dict(q=FakeTensor((8, 1024), "float32", ptr=0x70000000)), "q must be bfloat16, got float32"),
+        (dict(max_model_len=4), "max_model_len must be at least 8, got 4"),
+        (dict(num_splits=2**33), r"num_splits must fit in int32 [-2147483648, 2147483647], got 8589934592"),
+        (dict(num_splits=7, max_model_len=131072, block_table=FakeTensor((1, 8192), "int32", ptr=0x80000000)),
+         "workspace is missing (null data)"),
+        (dict(out=FakeTensor((8, 1024), "bfloat16", ptr=0x70000000)), "out and q must not overlap in memory"),
+    ]
+    for over, reason in cases:
+        args = attn2_args(**over)
+        assert md.unsupported_attn2_call(**args) == reason, over
+        with pytest.raises(ValueError) as e:
+            md.attn2(**args)
+        assert str(e.value) == (reason or "attn2 on cuda:63 needs prepare_attn2(63) first"), over
+
+
+def test_bound_ops_check_their_tensors_then_prepare_their_device():
+    """QkvFront and Attn2 check a layer's static tensors once (ValueError
+    naming the one that is wrong) and prepare their device when built."""
+    bf16, d = "bfloat16", UNPREPARED
+    w = FakeTensor((2304, 8192), bf16, ptr=0x10000000, device=d)
+    cache = FakeTensor((64, 2, 16, 128), bf16, ptr=0x20000000, device=d)
+    ws = FakeTensor((1 << 22,), "uint8", ptr=0x30000000, device=d)
     with pytest.raises(ValueError, match="^weight must be a tensor"):
         md.QkvFront(object(), None, cache, 2, ws)
+    with pytest.raises(ValueError, match=r"^num_kv_heads must be one of 1, 2, 4, 8, 16, got 3$"):
+        md.QkvFront(w, None, cache, 3, ws)
+    with pytest.raises(ValueError, match=r"^kv_cache must be bfloat16, got float32$"):
+        md.QkvFront(w, None, FakeTensor((64, 2, 16, 128), ptr=0x20000000, device=d), 2, ws)
+    with pytest.raises(ValueError) as e:
+        md.QkvFront(w, None, cache, 2, ws)
+    assert str(e.value) == prepare_text("qkv_front")
+    with pytest.raises(ValueError, match="^max_model_len must be at least 8, got 4$"):
+        md.Attn2(cache, None, 4, 0, 1)
+    with pytest.raises(ValueError, match=r"^workspace is missing \(null data\)$"):
+        md.Attn2(cache, None, 131072, 0, 7)
+    with pytest.raises(ValueError) as e:
+        md.Attn2(cache, None, 2048, 0, 1)
+    assert str(e.value) == prepare_text("attn2")

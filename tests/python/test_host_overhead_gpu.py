@@ -35,9 +35,10 @@ def test_route_host_overhead():
     meta = md.RoutingMetadata(torch.zeros(md.metadata_size(128), dtype=torch.int32, device="cuda"), 0, 32, 128)
     empty = empty_launch_us()
     best = host_us(lambda: routing(x, ids, w, meta))
-    checks = host_us(lambda: routing.check(x, ids, w, meta.buffer, 0, 32, 128))
-    print(f"\nroute host us per call: {best:.2f} (b = 8, metadata); reads + checks without the launch {checks:.2f}; "
-          f"torch's empty kernel {empty:.2f}, bar {host_bar_us(empty):.2f}")
+    unbound = host_us(lambda: md.route(x, routing.bias, routing.route_scale, ids, w, meta))
+    checks = host_us(lambda: md.unsupported_route_call(x, routing.bias, routing.route_scale, ids, w, meta))
+    print(f"\nroute host us per call: bound {best:.2f}, route() {unbound:.2f} (b = 8, metadata); reads + checks "
+          f"without the launch {checks:.2f}; torch's empty kernel {empty:.2f}, bar {host_bar_us(empty):.2f}")
     assert best <= host_bar_us(empty)
 
 
@@ -51,7 +52,7 @@ def front_inputs():
     cache = torch.zeros(64, kvh, 16, 128, device="cuda", dtype=torch.bfloat16)
     cos_sin = torch.randn(4096, 64, device="cuda")
     out = torch.empty(t, 2304, device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(md.qkv_front_workspace_bytes(kvh), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(md.qkv_front_workspace_bytes_for_device(kvh), dtype=torch.uint8, device="cuda")
     md.prepare_qkv_front()
     return x, w, pos, cos_sin, slots, cache, kvh, out, ws
 
@@ -65,7 +66,7 @@ def test_qkv_front_host_overhead(front_inputs):
     library = host_us(lambda: op(x, w, pos, cs, slots, cache, kvh, out, ws), loops=5)
     # Where the direct call's time goes: reading the 8 tensors and the checks
     # (no launch), and the 8 data_ptr() calls a memoised read makes.
-    checks = host_us(lambda: md.unsupported_call(x, w, pos, cs, slots, cache, kvh, out))
+    checks = host_us(lambda: md.unsupported_qkv_front_call(x, w, pos, cs, slots, cache, kvh, out, ws))
     tensors = (x, w, pos, cs, slots, cache, out, ws)
     ptrs = host_us(lambda: [t.data_ptr() for t in tensors])
     # The same call on a side stream, and in loops of 300 (the GPU falls behind).
@@ -101,7 +102,7 @@ def test_attn2_host_overhead():
     library = host_us(lambda: op(qv, gv, cache, table, lens, out, ws, max_len, 0, splits), loops=5)
     # Where the time goes: the reads and checks without the launch, and the
     # same call at L = 2048 (a kernel shorter than the call's host time).
-    checks = host_us(lambda: md._C._attn2_check(qv, gv, cache, table, lens, out, ws, max_len, 0, splits))
+    checks = host_us(lambda: md.unsupported_attn2_call(qv, gv, cache, table, lens, out, ws, max_len, 0, splits))
     short_lens = torch.tensor([2048], dtype=torch.int32, device="cuda")
     short = host_us(lambda: md.attn2(qv, gv, cache, table, short_lens, out, ws, max_len, 0, splits))
     op2 = md.Attn2(cache, ws, max_len, 0, splits)

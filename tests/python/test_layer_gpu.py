@@ -107,6 +107,7 @@ def test_torch_library_op_runs_and_matches_the_direct_call():
     ids_b, w_b = torch.empty_like(ids_a), torch.empty_like(w_a)
     buf_a = torch.zeros(md.metadata_size(64), dtype=torch.int32, device="cuda")
     buf_b = buf_a.clone()
+    md.prepare_route()
     torch.ops.muse_decode.route(logits, bias, 1.0, ids_a, w_a, buf_a, 0, 32, 64)
 
     md.MuseRouting(L.router(bias))(logits, ids_b, w_b, md.RoutingMetadata(buf_b, 0, 32, 64))

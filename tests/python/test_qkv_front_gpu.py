@@ -44,8 +44,10 @@ def test_matches_reference_and_cache(kvh, rope, t):
     cache = torch.full((pages, kvh, 16, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
     before = cache.clone()
     out = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(md.qkv_front_workspace_bytes(kvh), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(md.qkv_front_workspace_bytes_for_device(kvh), dtype=torch.uint8, device="cuda")
     assert md.supports_call(x, w, pos, cos_sin, slots, cache, kvh, out)
+    assert md.qkv_front_supports_call(x, w, pos, cos_sin, slots, cache, kvh, out, ws)
+    md.prepare_qkv_front()
     md.launch_qkv_front(x, w, pos, cos_sin, slots, cache, kvh, out, ws)
     torch.cuda.synchronize()
     ref = reference(x, w, pos, cos_sin, kvh).view(t, -1, 64)
@@ -66,11 +68,16 @@ def test_matches_reference_and_cache(kvh, rope, t):
     written = torch.zeros(pages * 16, dtype=torch.bool, device="cuda")
     written[slots[:-1]] = True
     assert torch.equal(rows[~written].view(torch.int16), rows_before[~written].view(torch.int16))
-    # The bound front (static tensors read once) gives the same bits.
+    # The bound front (static tensors read once) and the op by keyword (its
+    # own name; pdl off) give the same bits.
     bound_out = torch.empty_like(out)
     md.QkvFront(w, cos_sin, cache, kvh, ws)(x, pos, slots, bound_out)
+    kw_out = torch.empty_like(out)
+    md.qkv_front(x=x, weight=w, positions=pos, cos_sin=cos_sin, slot_mapping=slots, kv_cache=cache, num_kv_heads=kvh,
+                 out=kw_out, workspace=ws, pdl=False)
     torch.cuda.synchronize()
     assert torch.equal(bound_out.view(torch.int16), out.view(torch.int16))
+    assert torch.equal(kw_out.view(torch.int16), out.view(torch.int16))
 
 
 def test_refusal_writes_nothing():
@@ -81,8 +88,10 @@ def test_refusal_writes_nothing():
     slots = torch.arange(t, device="cuda")
     cache = torch.zeros(8, kvh, 16, 128, device="cuda", dtype=torch.bfloat16)
     out = torch.full((t, 2304), 7.0, device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(md.qkv_front_workspace_bytes(kvh), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(md.qkv_front_workspace_bytes_for_device(kvh), dtype=torch.uint8, device="cuda")
     assert not md.supports_call(x.float(), w, pos, None, slots, cache, kvh, out)
+    assert md.unsupported_qkv_front_call(x.float(), w, pos, None, slots, cache, kvh, out) == (
+        "x must be bfloat16, got float32")
     with pytest.raises(ValueError, match="^x must be"):
         md.launch_qkv_front(x.float(), w, pos, None, slots, cache, kvh, out, ws)
     with pytest.raises(ValueError, match="slot_mapping"):
