@@ -23,17 +23,17 @@
 #include <vector>
 
 #include "../../src/common/launch.cuh"
-#include "../../src/common/sm90_mbarrier.cuh"
+#include "../../src/common/ptx.cuh"
 #include "page_hash.cuh"
 
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;
 
 using muse_decode::detail::LaunchShape;
 using muse_decode::detail::runtime_config;
-using muse_decode::detail::mbar_expect_tx;
-using muse_decode::detail::mbar_init;
-using muse_decode::detail::mbar_wait;
-using muse_decode::detail::smem_addr;
+using muse_decode::ptx::mbar_arrive_expect_tx;
+using muse_decode::ptx::mbar_init;
+using muse_decode::ptx::mbar_wait;
+using muse_decode::ptx::smem_addr;
 
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -79,7 +79,7 @@ __global__ void call_kernel(const __grid_constant__ Args a) {
     const unsigned seed = static_cast<unsigned>(a.table[static_cast<int64_t>(a.call) * grid + cta]) ^ static_cast<unsigned>(L);
     for (int t = w; t < a.tiles; t += a.issuers) {
       const uint32_t bar = smem_addr(&full[t]);
-      if (lane == 0) mbar_expect_tx(bar, kTileBytes);
+      if (lane == 0) mbar_arrive_expect_tx(bar, kTileBytes);
       __syncwarp();
       if (lane < kTilePages) {
         const uint32_t page = hash(seed * 977u + t * 131u + lane) % a.pages;

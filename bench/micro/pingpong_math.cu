@@ -31,10 +31,18 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/sm90_mbarrier.cuh"
+#include "../../src/common/ptx.cuh"
 #include "../../src/common/sm90_wgmma.cuh"
 
-using namespace muse_decode::detail;
+using muse_decode::ptx::pin;
+using muse_decode::ptx::pin_a;
+using muse_decode::ptx::smem_addr;
+using muse_decode::ptx::sw128_desc;
+using muse_decode::ptx::wgmma_commit;
+using muse_decode::ptx::wgmma_fence;
+using muse_decode::ptx::wgmma_rs;
+using muse_decode::ptx::wgmma_ss;
+using muse_decode::ptx::wgmma_wait;
 
 constexpr int kRing = 8;                   // 16 KB stages per CTA, split over its warpgroups
 constexpr int kTileBytes = 16384;          // K (64 keys x 128 B) then V
@@ -48,6 +56,14 @@ __device__ __forceinline__ float ex2f(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+// O's rows times their alpha (the online softmax's rescale; attn2 has its own
+// beside its softmax).
+__device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
 }
 // 2^x on the FMA and integer pipes (FA4's way of taking load off the MUFU):
 // x = j + f by the 1.5 * 2^23 shifter (j nearest, f in [-0.5, 0.5]), a cubic

@@ -25,12 +25,12 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/sm90_mbarrier.cuh"
+#include "../../src/common/ptx.cuh"
 
-using muse_decode::detail::mbar_expect_tx;
-using muse_decode::detail::mbar_init;
-using muse_decode::detail::mbar_wait;
-using muse_decode::detail::smem_addr;
+using muse_decode::ptx::mbar_arrive_expect_tx;
+using muse_decode::ptx::mbar_init;
+using muse_decode::ptx::mbar_wait;
+using muse_decode::ptx::smem_addr;
 
 constexpr int kSlots = 7;     // slices whose rows the merger reads (attn2 at 32k: the 6 others + 1 spare)
 constexpr int kRows = 4;      // rows a CTA of a cluster of 16 merges
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
       if (mode == 5) {  // G: one bulk copy per slot (its 4 rows, contiguous) into ring, on bars[0]
         const uint32_t bar = smem_addr(&bars[0]);
         if (t == 0) {
-          mbar_expect_tx(bar, kSlots * kRows * kWords * 4);
+          mbar_arrive_expect_tx(bar, kSlots * kRows * kWords * 4);
           for (int s = 0; s < kSlots; ++s)
             bulk_load(smem_addr(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4, bar);
         }
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
         const int k = static_cast<int>(i % 8);
         const uint32_t bar = smem_addr(&bars[k]);
         if (i >= 8) mbar_wait(bar, ((i - 8) / 8) & 1);
-        mbar_expect_tx(bar, 4096);
+        mbar_arrive_expect_tx(bar, 4096);
         bulk_load(smem_addr(ring[k]), p + i * 4096, 4096, bar);
       }
       for (long long i = per > 8 ? per - 8 : 0; i < per; ++i) mbar_wait(smem_addr(&bars[i % 8]), (i / 8) & 1);

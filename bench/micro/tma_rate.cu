@@ -23,13 +23,13 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/sm90_mbarrier.cuh"
+#include "../../src/common/ptx.cuh"
 #include "page_hash.cuh"
 
-using muse_decode::detail::mbar_expect_tx;
-using muse_decode::detail::mbar_init;
-using muse_decode::detail::mbar_wait;
-using muse_decode::detail::smem_addr;
+using muse_decode::ptx::mbar_arrive_expect_tx;
+using muse_decode::ptx::mbar_init;
+using muse_decode::ptx::mbar_wait;
+using muse_decode::ptx::smem_addr;
 constexpr int kPageBytes = 16 * 256, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kKvh = 2;
 
 // mode 0 tma2, 1 tma1, 2 bulk
@@ -58,7 +58,7 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
   auto issue = [&](int t) {
     const int s = stage_of(t);
     const uint32_t bar = smem_addr(&full[s]);
-    if (lane == 0) mbar_expect_tx(bar, kTileBytes);
+    if (lane == 0) mbar_arrive_expect_tx(bar, kTileBytes);
     __syncwarp();
     if (lane < kTilePages) {
       const int page = static_cast<int>(hash(seed ^ (blockIdx.x * 7919u + t * 131u + lane)) % static_cast<uint32_t>(pages));

@@ -1,36 +1,31 @@
-// route kernel: a cluster of b CTAs routes b <= 8 tokens (CTA t: token t) and,
-// when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of this
-// rank's experts from every token's routes, published in its shared memory
-// by each token's CTA (the slot of each local route, and the expert/token
-// bitmaps, by red.async ORs that CTA 0 counts on one mbarrier).
+// route's kernel: a cluster of b CTAs routes b <= 8 tokens (CTA t: token t)
+// and, when asked, the cluster's first CTA builds the TRT-LLM-gen metadata of
+// this rank's experts from every token's routes, published in its shared
+// memory by each token's CTA (the slot of each local route, and the
+// expert/token bitmaps, by red.async ORs that CTA 0 counts on one mbarrier).
 //
 // Latency is all that matters (at most 8 KB of logits), and each token's top 8
 // is a dependent chain of instructions, so each token gets its own SM and the
-// chain is kept short (bench/NOTES.md, route v7):
+// chain is kept short:
 //  1. each of 8 warps takes 32 experts (one per lane) and ranks them by
 //     (key, expert) with 32 shuffles of the 32-bit key (the expert is the
 //     lane): its top 8 go to shared memory;
 //  2. 64 threads rank the 64 finalists against each other: ranks 0..7 are the
 //     slots (keys descending, then experts ascending; NaN first);
 //  3. one warp sums the 8 scores left to right and writes ids and weights.
-// A one-CTA-per-token design with one warp per token ran 2.96-3.59 us for
-// b = 1..8 with metadata (v5b), the 8 warps of one SM sharing issue slots.
+// H200, graph replay with PDL, metadata on, L2 flushed: 2.39-2.62 us for
+// b = 1..8. One CTA with a warp per token ran 2.96-3.59 us, the 8 warps of
+// one SM sharing its issue slots.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "../common/launch.cuh"
-#include "../common/sm90_mbarrier.cuh"
-#include "muse_decode/route.h"
+#include "../common/ptx.cuh"
+#include "route_kernels.h"
 
 namespace muse_decode {
 namespace {
-
-using detail::map_to_rank;
-using detail::mbar_expect_tx;
-using detail::mbar_init;
-using detail::mbar_wait_cluster;
-using detail::smem_addr;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -55,36 +50,14 @@ __device__ __forceinline__ uint64_t candidate(float key, int expert) {
 }
 __device__ __forceinline__ int expert_of(uint64_t c) { return kNumExperts - 1 - static_cast<int>(c & 0xFFFFFFFFu); }
 
-__device__ __forceinline__ void wait_for_producer() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-// Cluster barrier halves: a CTA may touch another's shared memory only once
-// that CTA has started, i.e. after every thread of the cluster has arrived.
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 // The shared::cluster address of `p` (this CTA's shared memory) in CTA 0.
-__device__ __forceinline__ uint32_t in_cta0(const void* p) { return map_to_rank(smem_addr(p), 0); }
-// An OR into another CTA's shared word, completing 4 bytes on its mbarrier.
-__device__ __forceinline__ void or_async(uint32_t word, uint32_t bits, uint32_t bar) {
-  asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.or.b32 [%0], %1, [%2];" ::"r"(word),
-               "r"(bits), "r"(bar)
-               : "memory");
-}
+__device__ __forceinline__ uint32_t in_cta0(const void* p) { return ptx::map_to_rank(ptx::smem_addr(p), 0); }
 // Each token's CTA publishes its 8 routes into CTA 0's tables with three
 // red.async ORs per route (other ranks' routes OR 0 into a sink word), so
-// CTA 0 expects a fixed byte count on one mbarrier and waits for it alone.
-// v12 used remote atomics and a second cluster barrier, whose release
-// compiles to MEMBAR.ALL.GPU on every thread: 0.14 us more per call at every b
-// (bench/NOTES.md, route v13).
+// CTA 0 expects a fixed byte count on one mbarrier and waits for it alone:
+// remote atomics and a second cluster barrier, whose release compiles to a
+// MEMBAR.ALL.GPU on every thread, cost 0.14 us more per call at every b
+// (H200).
 constexpr uint32_t kPublishBytes = kTopK * 3 * 4;  // per token
 
 template <bool kMetadata>
@@ -112,17 +85,18 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       s_slot[e][0] = 0u;
       s_slot[e][1] = 0u;
       if (e == 0 && gridDim.x > 1) {
-        mbar_init(smem_addr(&s_published), 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        mbar_expect_tx(smem_addr(&s_published), gridDim.x * kPublishBytes);
+        ptx::mbar_init(&s_published, 1);
+        ptx::fence_mbarrier_init();
+        ptx::mbar_arrive_expect_tx(&s_published, gridDim.x * kPublishBytes);
       }
     }
     // "Started", and CTA 0's zeroed tables and initialised barrier visible to
-    // the other CTAs' ORs: waited for before the first remote access.
-    cluster_arrive_release();
+    // the other CTAs' ORs: waited for before the first remote access. Every
+    // thread of the CTA, all lanes of a warp together (.aligned).
+    ptx::cluster_arrive_release();
   }
-  wait_for_producer();
-  allow_dependents();
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   // SPEC steps 1-2: torch.sigmoid's arithmetic (accurate expf, then 1 / y
   // correctly rounded, which __frcp_rn is), then one fp32 add.
@@ -151,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   }
   __syncthreads();
   // 3: steps 4-5, and the ids into the metadata CTA's shared memory.
-  if (kMetadata) cluster_wait();  // every CTA of the cluster has started
+  if (kMetadata) ptx::cluster_wait();  // every CTA of the cluster has started (every thread, as the arrival)
   // Lane k < 8 of warp 0 holds slot k's id and weight.
   int id = 0;
   float weight = 0.0f;
@@ -184,12 +158,12 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       } else {
         const uint32_t bar = in_cta0(&s_published);
         if (!elsewhere) {
-          or_async(in_cta0(&s_slot[j][t / 4]), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
-          or_async(in_cta0(&s_tokens[j]), 1u << t, bar);
-          or_async(in_cta0(&s_routed[j / 32]), 1u << (j % 32), bar);
+          ptx::red_async_or(in_cta0(&s_slot[j][t / 4]), static_cast<uint32_t>(lane) << (8 * (t % 4)), bar);
+          ptx::red_async_or(in_cta0(&s_tokens[j]), 1u << t, bar);
+          ptx::red_async_or(in_cta0(&s_routed[j / 32]), 1u << (j % 32), bar);
         } else {
           const uint32_t sink = in_cta0(&s_sink);
-          for (int k = 0; k < 3; ++k) or_async(sink, 0u, bar);
+          for (int k = 0; k < 3; ++k) ptx::red_async_or(sink, 0u, bar);
         }
       }
     }
@@ -206,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   if (gridDim.x == 1)
     __syncthreads();
   else
-    mbar_wait_cluster(smem_addr(&s_published), 0);  // every token's ORs landed (phase 0)
+    ptx::mbar_wait_cluster(ptx::smem_addr(&s_published), 0);  // every token's ORs landed (phase 0)
   int32_t* const md = p.metadata;
   const int j = threadIdx.x;
   const int tile = p.tile_n;
@@ -263,12 +237,15 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 
 }  // namespace
 
-int launch_route(const RouteParams& p, Stream stream) {
-  // With metadata the whole grid is one cluster (<= 8 CTAs, portable).
-  const detail::LaunchShape shape{dim3(p.num_tokens), dim3(kThreads), 0, p.metadata ? p.num_tokens : 0, p.pdl};
+namespace detail {
+
+int route_launch(const RouteParams& p, Stream stream) {
+  // With metadata the whole grid is one cluster.
+  static_assert(kRouteMaxTokens <= kPortableClusterSize, "a CTA per token in one portable cluster");
+  const LaunchShape shape{dim3(p.num_tokens), dim3(kThreads), 0, p.metadata ? p.num_tokens : 0, p.pdl};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  return p.metadata ? detail::launch_kernel<route_kernel<true>>(shape, s, p)
-                    : detail::launch_kernel<route_kernel<false>>(shape, s, p);
+  return p.metadata ? launch_kernel<route_kernel<true>>(shape, s, p) : launch_kernel<route_kernel<false>>(shape, s, p);
 }
 
+}  // namespace detail
 }  // namespace muse_decode
