@@ -262,8 +262,8 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     const Result r = run_shape(s, stream, splits_override);
     results.push_back(r);
-    if (muse_decode_dump_attn2_trace && std::getenv("MUSE_ATTN2_TRACE_DIR")) {
-      const std::string path = std::string(std::getenv("MUSE_ATTN2_TRACE_DIR")) + "/trace_" + s.name + "_" +
+    if (muse_decode_dump_attn2_trace && std::getenv("MUSE_DECODE_TRACE_DIR")) {
+      const std::string path = std::string(std::getenv("MUSE_DECODE_TRACE_DIR")) + "/trace_" + s.name + "_" +
                                std::to_string(s.len) + ".bin";
       muse_decode_dump_attn2_trace(path.c_str());
     }

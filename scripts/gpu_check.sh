@@ -44,6 +44,18 @@ step "C++ tests"
 "$BUILD/muse_decode_cpu_tests" --gtest_brief=1 || status=1
 "$BUILD/muse_decode_gpu_tests" --gtest_brief=1 --gtest_filter="$filter" || status=1
 
+if [ -z "$ONLY" ] || [ "$ONLY" = attn2 ]; then
+  # attn2's mma.sync key loop (the sm_100a one) built for sm_90a and tested here.
+  step "attn2's mma.sync key loop on sm_90a (MUSE_ATTN2_SM90_MMA_SYNC)"
+  if cmake -S . -B "$BUILD-mma" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS=90a \
+       -DMUSE_ATTN2_SM90_MMA_SYNC=ON -DMUSE_DECODE_TOOLS=OFF "${gtest_args[@]}" >"$BUILD-mma.log" 2>&1 &&
+     cmake --build "$BUILD-mma" -j "$(nproc)" --target muse_decode_gpu_tests >>"$BUILD-mma.log" 2>&1; then
+    "$BUILD-mma/muse_decode_gpu_tests" --gtest_brief=1 --gtest_filter='Attn2*' || status=1
+  else
+    tail -30 "$BUILD-mma.log"; status=1
+  fi
+fi
+
 step "Python tests"
 if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import flashinfer" 2>/dev/null; then
   site=$(mktemp -d)

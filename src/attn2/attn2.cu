@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
   float m_all = -INFINITY, l_all = 0.0f;
   if (rows.merger) {
-    ptx::mbar_wait(&recv_bar, 0);
+    ptx::mbar_wait_spin(&recv_bar, 0);
     cluster.combine(rows, smem + kRecvOffset, m_all, l_all, acc);
   }
   trace.mark(Phase::kClusterMerged);

@@ -164,7 +164,7 @@ struct MainloopMma {
     const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
     for (int it = 0; it < g.my_groups; ++it) {
       const int stage = it % kStages;
-      ptx::mbar_wait(&full[stage], (it / kStages) & 1);
+      ptx::mbar_wait_spin(&full[stage], (it / kStages) & 1);
       // ldmatrix row address of this lane: page slot lane % 8 of the stage.
       const uint32_t slot = base + stage * kStageBytes + (lane % 8) * kSlotBytes;
       const int key0 = (k.first_page + g.group(it) * kGroupPages) * kPageSize;
@@ -228,7 +228,7 @@ struct MainloopMma {
       __syncwarp();
       if (lane == 0) ptx::mbar_arrive(&empty[stage]);
       if (warp == 0 && it + kStages < g.my_groups) {
-        ptx::mbar_wait(&empty[stage], (it / kStages) & 1);  // every warp is done with this stage
+        ptx::mbar_wait_spin(&empty[stage], (it / kStages) & 1);  // every warp is done with this stage
         issue(it + kStages);
       }
     }

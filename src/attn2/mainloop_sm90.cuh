@@ -280,7 +280,7 @@ struct MainloopSm90 {
   template <typename Trace>
   __device__ __forceinline__ int tile_ready(int it, int& key0, bool& masked, Trace& trace) {
     const int st = kh * kWgStages + it % kWgStages;
-    ptx::mbar_wait(&full[st], (it / kWgStages) & 1);
+    ptx::mbar_wait_spin(&full[st], (it / kWgStages) & 1);
     if (it == 1) trace.mark(Phase::kSecondTile);
     if (it >= 2) trace.mark(Phase::kLastTile);
     key0 = s.first_page_of(it) * kPageSize;
@@ -326,7 +326,7 @@ struct MainloopSm90 {
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(&empty[st]);
     if (rw == 0 && it + kWgStages < s.my_tiles) {
-      ptx::mbar_wait(&empty[st], (it / kWgStages) & 1);
+      ptx::mbar_wait_spin(&empty[st], (it / kWgStages) & 1);
       issue(it + kWgStages);
     }
   }

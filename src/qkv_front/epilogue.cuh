@@ -78,7 +78,7 @@ __device__ __forceinline__ void head_epilogue(const float (&acc)[NT][4], const E
   }
   sync_consumers();
   if (!inputs_staged) {
-    wait_phase(sm.staged, 0);
+    ptx::mbar_wait(sm.staged, 0);
     inputs_staged = true;
   }
   const int kvh = p.num_kv_heads;

@@ -103,7 +103,7 @@ __device__ __forceinline__ void mma_blocks(Chains<NT, kChains>& chains, const Ri
                                            RingPosition<S>& at, Index& next, Index end, const FragRows& rows,
                                            int lane) {
   for (; next < end; ++next) {
-    wait_phase(&ring.full[at.stage], at.phase);
+    ptx::mbar_wait(&ring.full[at.stage], at.phase);
     const uint32_t w_s = ring.weight(at.stage);
     BlockFrags<NT> f;
     load_block(f, w_s, w_s + kWBytes, rows);

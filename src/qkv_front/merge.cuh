@@ -112,7 +112,7 @@ struct ClusterMerge {
   // The owner: the other ranks' partials added to its own in rank (= K)
   // order. Ends with a consumer barrier: the slots may be rewritten after it.
   __device__ __forceinline__ void add(float (&acc)[NT][4], int tid) const {
-    wait_phase_cluster(merged, 0);
+    ptx::mbar_wait<true>(merged, 0);
     for (int c = 1; c < kClusterCtas; ++c) {
       const float4* part = reinterpret_cast<const float4*>(slots + (c - 1) * kPartialFloats) + tid * NT;
 #pragma unroll

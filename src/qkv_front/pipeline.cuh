@@ -18,47 +18,6 @@
 
 namespace muse_decode::front {
 
-// The barrier waits: a C++ loop around mbarrier.try_wait.parity. ptxas puts a
-// YIELD in the retry path of such a loop, and none in that of ptx::mbar_wait
-// (its loop inside one asm block; sm_90a, nvcc 13.0), with which the cluster
-// kernel ran 0.9-1.5 us slower (H200, TP8, PDL: T = 1 11.2 us against 9.8,
-// T = 16 10.7 against 9.8). TODO(ptx.cuh): the try-wait (its predicate as a
-// value) as a wrapper of ptx.cuh, and these two waits with it.
-template <bool kCluster>
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  if constexpr (kCluster)
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  else
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  return done != 0;
-}
-
-// Until the phase of this parity of barrier `bar` has completed.
-__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
-  while (!mbar_try_wait<false>(ptx::smem_addr(bar), parity)) {
-  }
-}
-// The same, acquiring at cluster scope: what other CTAs of the cluster wrote
-// into this CTA's shared memory (st.async completing on the barrier) is
-// visible after it.
-__device__ __forceinline__ void wait_phase_cluster(uint64_t* bar, uint32_t parity) {
-  while (!mbar_try_wait<true>(ptx::smem_addr(bar), parity)) {
-  }
-}
-
 // The consumer warps' barrier (the producer and staging warps never join).
 __device__ __forceinline__ void sync_consumers() {
   ptx::named_barrier_sync(static_cast<int>(FrontBarrier::kConsumers), kConsumerThreads);
@@ -135,7 +94,7 @@ __device__ __forceinline__ void produce(const Ring<S, kStageBytes>& ring, const 
   for (int i = 0; i < filled; ++i) copy_x(i, i);
   RingPosition<S> at;  // the stage to refill, and the phase of its empty barrier to wait for
   for (int i = S; i < n; ++i) {
-    wait_phase(&ring.empty[at.stage], at.phase);
+    ptx::mbar_wait(&ring.empty[at.stage], at.phase);
     copy_weight(i, at.stage);
     copy_x(i, at.stage);
     at.advance();

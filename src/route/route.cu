@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   if (gridDim.x == 1)
     __syncthreads();
   else
-    ptx::mbar_wait_cluster(ptx::smem_addr(&s_published), 0);  // every token's ORs landed (phase 0)
+    ptx::mbar_wait<true>(ptx::smem_addr(&s_published), 0);  // every token's ORs landed (phase 0)
   int32_t* const md = p.metadata;
   const int j = threadIdx.x;
   const int tile = p.tile_n;
