@@ -51,7 +51,8 @@ def rows(v):
             try:
                 for line in open(f"{out}/{op}_{v}_{r}.jsonl"):
                     j = json.loads(line)
-                    res.setdefault((op, key(j)), []).append(j[val])
+                    if j.get("op") == op:  # (not the anchors' rows)
+                        res.setdefault((op, key(j)), []).append(j[val])
             except OSError:
                 pass
         try:

@@ -7,6 +7,7 @@
 #   scripts/gpu_check.sh            # everything
 #   ONLY=route scripts/gpu_check.sh # one op's tests and benchmarks
 #   ARCHS="90a;100a" ...            # also compile sm_100a (default: 90a only, to save time)
+#   BENCH=0 scripts/gpu_check.sh    # the tests only
 #
 # The whole log also goes to bench/results/logs/gpu_check.log. With two or
 # more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
@@ -71,6 +72,11 @@ else
   # The host cost per call, with its numbers in the log (-s: the test prints them).
   $PY -m pytest -q -s "$host_test" > "$BUILD/host_test.log" 2>&1 || status=1
   grep -E "host us per call|passed|failed|Error" "$BUILD/host_test.log"
+fi
+
+if [ "${BENCH:-1}" = 0 ]; then
+  echo "gpu_check (tests only): $([ $status = 0 ] && echo PASS || echo FAIL)"
+  exit $status
 fi
 
 step "benchmarks"

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const Rows rows(rank);
   SoftmaxState st;
   st.init();
-  RowInputs in;
+  RowInputs<kCluster> in;
   const Deployment dep{p.num_splits, p.num_kv_heads, p.num_reqs, p.idle_last, gridDim.z == 1};
   if (!loop.start(in, rows, dep, static_cast<int>(blockIdx.x) / kCluster, blockIdx.y, rank, req, trace)) {
     trace.mark(Phase::kExit);  // the whole cluster leaves: it shares nothing with the others

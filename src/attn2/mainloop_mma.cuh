@@ -75,14 +75,15 @@ struct MainloopMma {
   // one-slice kernels let the next launch start first). Returns false where
   // the cluster has no keys (its slice is not in use).
   template <typename Trace>
-  __device__ __forceinline__ bool start(RowInputs& in, const RowOwner<kCluster>& rows, const Deployment& d,
+  __device__ __forceinline__ bool start(RowInputs<kCluster>& in, const RowOwner<kCluster>& rows, const Deployment& d,
                                         int split, int head_y, int rank, int req, Trace& trace) {
     slice_id = split;
     kvh = head_y;
+    in.locate(p, rows, req, kvh, rw, kh, lane);
     if (kOneSlice) ptx::griddep_launch_dependents();
     ptx::griddep_wait();
     trace.mark(Phase::kWaited);
-    in = load_row_inputs(p, rows, req, kvh, rw, kh, lane);
+    in.load(rows.merger);
     bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
     // Without a window the first pages do not depend on L: their ids load
     // with it (one global latency saved).

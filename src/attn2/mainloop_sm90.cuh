@@ -140,7 +140,7 @@ struct MainloopSm90 {
   // of the launch is short (early_push), else after its key loop (at the
   // start: TP8 32k +0.2 us, 128k +0.45).
   template <typename Trace>
-  __device__ __forceinline__ bool start(RowInputs& in, const RowOwner<kCluster>& rows, const Deployment& d,
+  __device__ __forceinline__ bool start(RowInputs<kCluster>& in, const RowOwner<kCluster>& rows, const Deployment& d,
                                         int split, int head_y, int rank, int req, Trace& trace) {
     // The first tile's pages load with L, not after it: for this cluster's
     // place in launch order and for its interleaved place (whether the
@@ -161,10 +161,11 @@ struct MainloopSm90 {
       if (!kOneSlice) ptx::griddep_launch_dependents();
     }
     trace.mark(Phase::kScheduled);
+    in.locate(p, rows, req, s.kv_head, rw, kh, lane);
     load_before_wait(trace);
     ptx::griddep_wait();
     trace.mark(Phase::kWaited);
-    in = load_row_inputs(p, rows, req, s.kv_head, rw, kh, lane);
+    in.load(rows.merger);
     if (kOneSlice) ptx::griddep_launch_dependents();
     load_after_wait();
     trace.mark(Phase::kAllIssued);
@@ -291,7 +292,10 @@ struct MainloopSm90 {
            c += kHalfThreads)
         ptx::st_shared_v4(v_tile + c * 16, 0, 0, 0, 0);
       ptx::fence_proxy_async_smem();
-      ptx::named_barrier_sync(static_cast<int>(kh == 0 ? Barrier::kHalf0 : Barrier::kHalf1), kHalfThreads);
+      if (kh == 0)  // the warpgroup's 4 warps
+        ptx::named_barrier_sync<Barrier::kHalf0, kHalfThreads>();
+      else
+        ptx::named_barrier_sync<Barrier::kHalf1, kHalfThreads>();
     }
     // Uniform per tile: only tiles holding keys past row 0's position or
     // below row 7's window need masks.

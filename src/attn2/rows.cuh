@@ -47,38 +47,43 @@ struct RowOwner {
   __device__ __forceinline__ int head(int kvh) const { return kvh * kHeadsPerKvHead + row / kVerifyLen; }
 };
 
-// What a thread loads before the key loop and keeps in registers until
-// the Q tile and the gate are staged in shared memory.
-struct RowInputs {
-  uint4 q[2];  // 2 x 16 bytes of its row block's 16 Q rows (the block's two warps share them)
-  uint2 gate;  // (merger threads) the bf16 gate of its kCols columns
-};
-
-// q and gate rows r * 8 + token of request req, head kvh * 8 + ...: row
-// block rw's rows rw * 16 + r (head 2 rw + r / 8, token r % 8), 8 x 16 bytes
-// each, and the merger's gate columns.
+// This thread's share of the inputs that do not depend on the step's length:
+// 2 x 16 bytes of its row block's 16 Q rows (row rw * 16 + r: head 2 rw + r /
+// 8, token r % 8; the block's two warps share them) and, for merger threads,
+// the bf16 gate of its kCols columns. Located before griddepcontrol.wait
+// (indices only), loaded after it (q and gate are the previous kernel's
+// output), so that the loads leave at once after the wait.
 template <int kCluster>
-__device__ __forceinline__ RowInputs load_row_inputs(const Attn2Params& p, const RowOwner<kCluster>& rows, int req,
-                                                     int kvh, int rw, int kh, int lane) {
-  RowInputs in;
-  in.gate = make_uint2(0u, 0u);
-  if (rows.merger) {
+struct RowInputs {
+  static constexpr int kCols = RowOwner<kCluster>::kCols;
+  const uint4* q_at[2];
+  const void* gate_at;
+  uint4 q[2];
+  uint2 gate;
+
+  __device__ __forceinline__ void locate(const Attn2Params& p, const RowOwner<kCluster>& rows, int req, int kvh,
+                                         int rw, int kh, int lane) {
     const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + rows.token();
-    const __nv_bfloat16* g =
-        static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + rows.head(kvh) * kHeadDim + rows.dc;
-    if constexpr (RowOwner<kCluster>::kCols == 4)
-      in.gate = *reinterpret_cast<const uint2*>(g);
-    else
-      in.gate.x = *reinterpret_cast<const uint32_t*>(g);
-  }
+    gate_at = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + rows.head(kvh) * kHeadDim + rows.dc;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
-    in.q[j] = *reinterpret_cast<const uint4*>(
-        static_cast<const __nv_bfloat16*>(p.q) + static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
-        (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
+    for (int j = 0; j < 2; ++j) {
+      const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
+      q_at[j] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
+                                               static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
+                                               (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
+    }
   }
-  return in;
-}
+  __device__ __forceinline__ void load(bool merger) {
+    gate = make_uint2(0u, 0u);
+    if (merger) {
+      if constexpr (kCols == 4)
+        gate = *static_cast<const uint2*>(gate_at);
+      else
+        gate.x = *static_cast<const uint32_t*>(gate_at);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) q[j] = *q_at[j];
+  }
+};
 
 }  // namespace muse_decode::attn2_impl

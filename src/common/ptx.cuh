@@ -183,10 +183,14 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 
 // ---- barriers ----------------------------------------------------------------
 
-// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, a
-// multiple of 32. Each op names its ids in an enum of its own.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+// Named barrier kId (1..15; 0 is __syncthreads) over kThreads threads, both
+// compile-time constants, so that the instruction carries them as
+// immediates. Each op names its ids in an enum of its own.
+template <auto kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  static_assert(static_cast<int>(kId) >= 1 && static_cast<int>(kId) <= 15, "ids 1..15 (0 is __syncthreads)");
+  static_assert(kThreads % 32 == 0, "whole warps");
+  asm volatile("bar.sync %0, %1;" ::"n"(static_cast<int>(kId)), "n"(kThreads) : "memory");
 }
 
 // ---- programmatic dependent launch -------------------------------------------

@@ -20,7 +20,7 @@ namespace muse_decode::front {
 
 // The consumer warps' barrier (the producer and staging warps never join).
 __device__ __forceinline__ void sync_consumers() {
-  ptx::named_barrier_sync(static_cast<int>(FrontBarrier::kConsumers), kConsumerThreads);
+  ptx::named_barrier_sync<FrontBarrier::kConsumers, kConsumerThreads>();
 }
 
 // A position in a ring of S stages: the stage, and the parity of the phase
