@@ -11,8 +11,9 @@
 #
 # The whole log also goes to bench/results/logs/gpu_check.log. With two or
 # more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
-# the attention anchor, is used when it imports; wheels in .whl/ (see
-# bench/NOTES-attn2.md) are installed to a temporary folder first.
+# the attention anchor, is used when it imports; its wheels in .whl/
+# (flashinfer-python 0.5.3 and apache-tvm-ffi) are installed to a temporary
+# folder first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -22,8 +22,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/launch.cuh"
-#include "../../src/common/ptx.cuh"
+#include "launch.cuh"
+#include "ptx.cuh"
 #include "page_hash.cuh"
 
 constexpr int kPageBytes = 4096, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kMaxTiles = 12;

@@ -31,8 +31,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/ptx.cuh"
-#include "../../src/common/sm90_wgmma.cuh"
+#include "ptx.cuh"
+#include "sm90_wgmma.cuh"
 
 using muse_decode::ptx::pin;
 using muse_decode::ptx::pin_a;

@@ -25,7 +25,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/ptx.cuh"
+#include "ptx.cuh"
 
 using muse_decode::ptx::mbar_arrive_expect_tx;
 using muse_decode::ptx::mbar_init;

@@ -26,7 +26,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#include "../../src/common/launch.cuh"
+#include "launch.cuh"
 
 using muse_decode::detail::launch_kernel;
 using muse_decode::detail::LaunchShape;

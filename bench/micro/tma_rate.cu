@@ -23,7 +23,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../../src/common/ptx.cuh"
+#include "ptx.cuh"
 #include "page_hash.cuh"
 
 using muse_decode::ptx::mbar_arrive_expect_tx;

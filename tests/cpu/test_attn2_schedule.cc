@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../../src/attn2/schedule.cuh"
+#include "attn2/schedule.cuh"
 #include "muse_decode/attn2.h"
 
 namespace md = muse_decode;

@@ -338,9 +338,8 @@ TEST_F(Attn2Gpu, ScoresRisingAlongTheKeys) {
 // -6 times q of (token 0, head 0) plus a little noise, so that row sees scores
 // near -280 on every key (exp2 of any of them unshifted underflows: the
 // softmax must shift by the row's own max), and the head's other rows see
-// scores of either sign up to ~+100 (unshifted, they overflow). Split path,
-// window layer and one-cluster path. (Written for the twenty-first session's
-// fixed-reference softmax, measured and not kept: bench/NOTES-attn2.md.)
+// scores of either sign up to ~+100 (unshifted, they overflow). Split path
+// (where later_softmax takes its slow path), window layer and one-cluster path.
 TEST_F(Attn2Gpu, ScoresFarFromZero) {
   struct Case {
     std::vector<int> lens;
