@@ -101,14 +101,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // ---- the key halves' merge ----
   if (loop.bad) s_bad = 1;
   __syncthreads();  // the first half may still read the last stage
-  // Every stage consumed (wgmma and TMA done with it): the receive area may
-  // be written. The arrival is relaxed: it must publish the receive
-  // mbarrier's init, which fence_mbarrier_init already released (the PTX
-  // ISA's pattern), and this CTA's reads of the stage under the receive area
-  // have all returned (wgmma waited for, ldmatrix results consumed). The
-  // release form is a MEMBAR.ALL.GPU per thread on the chain after the loop
-  // (TP8 32k 0.3 us, 128k 0.4). Where every loop is short the arrival came
-  // before the loop (early_push).
+  // Every stage consumed: the receive area may be written (merge.cuh: why
+  // relaxed). Where every loop is short it was before the loop (early_push).
   if (!loop.early_push()) ptx::cluster_arrive_relaxed();
   float4* xchg = reinterpret_cast<float4*>(smem + kExchangeOffset);
   if (kh == 1) stash_second_half(st, xchg);
@@ -135,24 +129,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const bool gate_early = kOneSlice || loop.early_push();
   float sg[kCols];
   if (gate_early && rows.merger) gate_sigmoid(s_gate[threadIdx.x], sg);
-  float acc[kCols];
-#pragma unroll
-  for (int c = 0; c < kCols; ++c) acc[c] = 0.0f;
-  float m_all = -INFINITY, l_all = 0.0f;
+  MergedRow<kCols> row;  // this thread's columns of its row, merged over the cluster
   if (rows.merger) {
     ptx::mbar_wait_spin(&recv_bar, 0);
-    cluster.combine(rows, smem + kRecvOffset, m_all, l_all, acc);
+    cluster.combine(rows, smem + kRecvOffset, row);
   }
   trace.mark(Phase::kClusterMerged);
   const int kvh = loop.kv_head();
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) +
-                       (static_cast<int64_t>(req) * kVerifyLen + rows.token()) * p.out_stride +
-                       rows.head(kvh) * kHeadDim + rows.dc;
+  __nv_bfloat16* out = rows.out(p, req, kvh);
   const int active = loop.active();
   if (active == 1) {
     if (rows.merger) {
       if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-      finish_row<Rows::kRowThreads>(acc, l_all, sg, out);
+      finish_row<Rows::kRowThreads>(row.o, row.l, sg, out);
     }
     trace.mark(Phase::kExit);
     return;
@@ -164,21 +153,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const SplitWorkspace ws(p, req, kvh, rank);
   const SplitMerge<kCols> merge{ws, active, split, rows.row, rows.d};
   const bool fixed = p.resident;
-  if (rows.merger && !(fixed && split == active - 1)) merge.publish(m_all, l_all, acc);  // (the merger keeps its own)
+  if (rows.merger && !(fixed && split == active - 1)) merge.publish(row);  // (the merger keeps its own)
   trace.mark(Phase::kPartialStored);
-  trace.tag((static_cast<uint64_t>(split) << 8) | (static_cast<uint64_t>(kvh) << 16) |
-            (static_cast<uint64_t>(rank) << 24) | (1ull << 32));
+  trace.tag(split | kvh << 8 | rank << 24);
   const bool last = fixed ? split == active - 1 : merge.last_ticket();
   trace.mark(Phase::kTicket);
   if (!last || !rows.merger) {
     trace.mark(Phase::kExit);
     return;
   }
-  float m_max, l_sum, f[kCols];
-  merge.merge(m_all, l_all, acc, m_max, l_sum, f);
+  const MergedRow<kCols> all = merge.merge(row);
   trace.mark(Phase::kMerged);
   if (!gate_early) gate_sigmoid(s_gate[threadIdx.x], sg);
-  finish_row<Rows::kRowThreads>(f, l_sum, sg, out);
+  finish_row<Rows::kRowThreads>(all.o, all.l, sg, out);
   trace.mark(Phase::kExit);
 }
 

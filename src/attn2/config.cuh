@@ -145,7 +145,8 @@ static_assert(kMinBlocks * (kDynSmemBytes + kStaticSmemBound + detail::kSmemRese
               "kMinBlocks CTAs per SM: stages, the Q tile, barriers, gate and merge state");
 
 // ---- instrumentation ------------------------------------------------------------------
-// The kernel's named phases (trace.cuh).
+// The kernel's named phases (trace.cuh); a split launch's CTAs tag their
+// record with slice | KV head << 8 | rank << 24.
 enum class Phase : int {
   kEnter,
   kInitSynced,

@@ -63,7 +63,23 @@ __device__ __forceinline__ void merge_second_half(SoftmaxState& st, const float4
   }
 }
 
+// A merged row's piece in one thread: its kCols columns of unnormalised O,
+// relative to m (log2 domain), and the softmax sum l.
+template <int kCols>
+struct MergedRow {
+  float m = -INFINITY;
+  float l = 0.0f;
+  float o[kCols] = {};
+};
+
 // ---- 2. the cluster merge ------------------------------------------------------------
+// A CTA opens its receive area to the other ranks' pushes with a relaxed
+// cluster arrival once its stages are consumed. It must publish the receive
+// mbarrier's init, which fence_mbarrier_init already released (the PTX
+// ISA's pattern), and this CTA's reads of the stage under the receive area
+// have all returned by then (wgmma waited for, ldmatrix results consumed).
+// The release form is a MEMBAR.ALL.GPU per thread on the chain after the key
+// loop (TP8 32k 0.3 us, 128k 0.4).
 // 16 bytes into CTA `rank`'s shared memory at this CTA's address `addr` of
 // the same spot, completing on that CTA's mbarrier at (this CTA's address) `bar`.
 __device__ __forceinline__ void push_to_rank(uint32_t addr, uint4 v, uint32_t bar, int rank) {
@@ -159,13 +175,12 @@ struct ClusterMerge {
   }
 
   // (Merger threads, once the receive barrier's phase 0 completed) the C
-  // ranks' pieces of this thread's row, combined in rank order: m_all and
-  // l_all of the merged row and acc, its kCols columns of unnormalised O.
+  // ranks' pieces of this thread's row, combined in rank order into row.
   // Each thread loads every rank's (m, l, 2^e) and computes every weight
   // itself (shuffling them from the row's lanes put 32 more shuffles on the
   // chain).
-  __device__ __forceinline__ void combine(const Rows& rows, const uint8_t* recv_area, float& m_all, float& l_all,
-                                          float (&acc)[Rows::kCols]) const {
+  __device__ __forceinline__ void combine(const Rows& rows, const uint8_t* recv_area,
+                                          MergedRow<Rows::kCols>& row) const {
     constexpr int kCols = Rows::kCols;
     const int rr = threadIdx.x / Rows::kRowThreads;  // row % kMergeRows
     const int d = rows.d;
@@ -202,14 +217,14 @@ struct ClusterMerge {
     for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], mx[k + 4]);
 #pragma unroll
     for (int k = 0; k < 2; ++k) mx[k] = fmaxf(mx[k], mx[k + 2]);
-    m_all = fmaxf(mx[0], mx[1]);
+    row.m = fmaxf(mx[0], mx[1]);
 #pragma unroll
     for (int k = 0; k < kCluster; ++k) {
-      const float w = v[k].x == -INFINITY ? 0.0f : ptx::exp2_approx(v[k].x - m_all);
-      l_all = fmaf(w, v[k].y, l_all);
+      const float w = v[k].x == -INFINITY ? 0.0f : ptx::exp2_approx(v[k].x - row.m);
+      row.l = fmaf(w, v[k].y, row.l);
       const float wo = w * v[k].z;  // rank k's O weight: its softmax weight times its row's 2^e
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(wo, ok[k][c], acc[c]);
+      for (int c = 0; c < kCols; ++c) row.o[c] = fmaf(wo, ok[k][c], row.o[c]);
     }
   }
 };
@@ -236,10 +251,10 @@ struct SplitMerge {
   const SplitWorkspace& ws;
   int active, split, row, d;
 
-  __device__ __forceinline__ void publish(float m_all, float l_all, const float (&acc)[kCols]) const {
+  __device__ __forceinline__ void publish(const MergedRow<kCols>& mine) const {
     const int64_t at = ws.at(split, row);
-    if (d == 0) ws_store<2>(reinterpret_cast<float*>(&ws.ml[at]), {m_all, l_all});
-    ws_store<kCols>(&ws.o[at * kHeadDim + d], acc);
+    if (d == 0) ws_store<2>(reinterpret_cast<float*>(&ws.ml[at]), {mine.m, mine.l});
+    ws_store<kCols>(&ws.o[at * kHeadDim + d], mine.o);
   }
 
   // Thread 0's ticket on the (pair, rank) counter; true in every thread of
@@ -256,14 +271,12 @@ struct SplitMerge {
   }
 
   // (Merger threads of the merging CTA) every slice's partial of this
-  // thread's row in slice order, this CTA's own (m_all, l_all, acc) from
-  // registers: each round's words read until all are written, cleared for
-  // the next launch, then merged, the round's largest m first (exact in any
-  // order), the sums in slice order.
-  __device__ __forceinline__ void merge(float m_all, float l_all, const float (&acc)[kCols], float& m_max,
-                                        float& l_sum, float (&f)[kCols]) const {
-    m_max = -INFINITY;
-    l_sum = 0.0f;
+  // thread's row in slice order, this CTA's own (mine) from registers: each
+  // round's words read until all are written, cleared for the next launch,
+  // then merged, the round's largest m first (exact in any order), the sums
+  // in slice order.
+  __device__ __forceinline__ MergedRow<kCols> merge(const MergedRow<kCols>& mine) const {
+    float m_max = -INFINITY, l_sum = 0.0f, f[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) f[c] = 0.0f;
     for (int z0 = 0; z0 < active; z0 += kRound) {
@@ -302,10 +315,10 @@ struct SplitMerge {
       for (int k = 0; k < kRound; ++k) {
         const int z = z0 + k;
         const bool own = z == split;
-        mk[k] = own ? m_all : ws_value(ml[k].x);
-        lk[k] = own ? l_all : ws_value(ml[k].y);
+        mk[k] = own ? mine.m : ws_value(ml[k].x);
+        lk[k] = own ? mine.l : ws_value(ml[k].y);
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) ok[k][c] = own ? acc[c] : ws_value(ov[k][c]);
+        for (int c = 0; c < kCols; ++c) ok[k][c] = own ? mine.o[c] : ws_value(ov[k][c]);
         if (z < active) m_round = fmaxf(m_round, mk[k]);
       }
       const float mu = m_round == -INFINITY ? 0.0f : m_round;  // nothing visible yet: every weight 0
@@ -324,6 +337,12 @@ struct SplitMerge {
         }
       }
     }
+    MergedRow<kCols> all;
+    all.m = m_max;
+    all.l = l_sum;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) all.o[c] = f[c];
+    return all;
   }
 };
 

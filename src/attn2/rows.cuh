@@ -45,6 +45,11 @@ struct RowOwner {
         dc(kRegPush ? (4 * (d / 32) + d % 8 / 2) * 8 + d % 32 / 8 * 2 : d) {}
   __device__ __forceinline__ int token() const { return row % kVerifyLen; }
   __device__ __forceinline__ int head(int kvh) const { return kvh * kHeadsPerKvHead + row / kVerifyLen; }
+  // This thread's kCols columns of its row in out.
+  __device__ __forceinline__ __nv_bfloat16* out(const Attn2Params& p, int req, int kvh) const {
+    return static_cast<__nv_bfloat16*>(p.out) + (static_cast<int64_t>(req) * kVerifyLen + token()) * p.out_stride +
+           head(kvh) * kHeadDim + dc;
+  }
 };
 
 // This thread's share of the inputs that do not depend on the step's length:
