@@ -8,6 +8,7 @@
 #   ONLY=route scripts/gpu_check.sh # one op's tests and benchmarks
 #   ARCHS="90a;100a" ...            # also compile sm_100a (default: 90a only, to save time)
 #   BENCH=0 scripts/gpu_check.sh    # the tests only
+#   TESTS=0 scripts/gpu_check.sh    # the benchmarks only
 #
 # The whole log also goes to bench/results/logs/gpu_check.log. With two or
 # more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
@@ -42,6 +43,15 @@ cmake --build "$BUILD" -j "$(nproc)" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\]' ; test
 filter='*'
 [ -n "$ONLY" ] && filter="$(echo "$ONLY" | sed -E 's/(^|_)([a-z])/\U\2/g')*"  # route -> Route*, qkv_front -> QkvFront*
 
+# The Python package from this build, and FlashInfer's wheels where given.
+if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import flashinfer" 2>/dev/null; then
+  site=$(mktemp -d)
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+    && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "${TESTS:-1}" != 0 ]; then
 step "C++ tests"
 "$BUILD/muse_decode_cpu_tests" --gtest_brief=1 || status=1
 "$BUILD/muse_decode_gpu_tests" --gtest_brief=1 --gtest_filter="$filter" || status=1
@@ -59,12 +69,6 @@ if [ -z "$ONLY" ] || [ "$ONLY" = attn2 ]; then
 fi
 
 step "Python tests"
-if ls .whl/*.whl >/dev/null 2>&1 && ! $PY -c "import flashinfer" 2>/dev/null; then
-  site=$(mktemp -d)
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
-    && export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 host_test=tests/python/test_host_overhead_gpu.py
 if [ -n "$ONLY" ]; then
   $PY -m pytest -q -rs tests/python -k "$ONLY or cpu" || status=1
@@ -74,6 +78,8 @@ else
   $PY -m pytest -q -s "$host_test" > "$BUILD/host_test.log" 2>&1 || status=1
   grep -E "host us per call|passed|failed|Error" "$BUILD/host_test.log"
 fi
+
+fi  # TESTS
 
 if [ "${BENCH:-1}" = 0 ]; then
   echo "gpu_check (tests only): $([ $status = 0 ] && echo PASS || echo FAIL)"
