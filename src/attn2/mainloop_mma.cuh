@@ -151,8 +151,8 @@ struct MainloopMma {
   __device__ __forceinline__ void stage_q(const uint4 (&qv)[2]) const {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
-      *reinterpret_cast<uint4*>(&s_q[(rw * 16 + r) * kQStride + c * 8]) = qv[j];
+      const QChunk q = q_chunk(j, kh, lane);
+      *reinterpret_cast<uint4*>(&s_q[(rw * 16 + q.r) * kQStride + q.c * 8]) = qv[j];
     }
   }
 

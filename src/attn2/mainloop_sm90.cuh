@@ -267,8 +267,9 @@ struct MainloopSm90 {
   __device__ __forceinline__ void stage_q(const uint4 (&qv)[2]) const {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int idx = (kh * 2 + j) * 32 + lane, r = rw * 16 + idx / 8, c = idx % 8;
-      ptx::st_shared_v4(q_tile + r * 128 + ((c ^ (r % 8)) * 16), qv[j].x, qv[j].y, qv[j].z, qv[j].w);
+      const QChunk q = q_chunk(j, kh, lane);
+      const int r = rw * 16 + q.r;
+      ptx::st_shared_v4(q_tile + r * 128 + ((q.c ^ (r % 8)) * 16), qv[j].x, qv[j].y, qv[j].z, qv[j].w);
     }
   }
 

@@ -52,6 +52,17 @@ struct RowOwner {
   }
 };
 
+// The 16-byte chunk j (0 or 1) of its row block's Q that this thread carries:
+// row r of the block's 16 (head 2 rw + r / 8, token r % 8), chunk c of the
+// row's 8. The block's two warps (halves kh) carry 64 chunks each.
+struct QChunk {
+  int r, c;
+};
+__device__ __forceinline__ QChunk q_chunk(int j, int kh, int lane) {
+  const int idx = (kh * 2 + j) * 32 + lane;
+  return {idx / 8, idx % 8};
+}
+
 // This thread's share of the inputs that do not depend on the step's length:
 // 2 x 16 bytes of its row block's 16 Q rows (row rw * 16 + r: head 2 rw + r /
 // 8, token r % 8; the block's two warps share them) and, for merger threads,
@@ -72,10 +83,10 @@ struct RowInputs {
     gate_at = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + rows.head(kvh) * kHeadDim + rows.dc;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int idx = (kh * 2 + j) * 32 + lane, r = idx / 8, c = idx % 8;
+      const QChunk q = q_chunk(j, kh, lane);
       q_at[j] = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q) +
-                                               static_cast<int64_t>(req * kVerifyLen + r % 8) * p.q_stride +
-                                               (kvh * kHeadsPerKvHead + 2 * rw + r / 8) * kHeadDim + c * 8);
+                                               static_cast<int64_t>(req * kVerifyLen + q.r % 8) * p.q_stride +
+                                               (kvh * kHeadsPerKvHead + 2 * rw + q.r / 8) * kHeadDim + q.c * 8);
     }
   }
   __device__ __forceinline__ void load(bool merger) {

@@ -40,16 +40,28 @@ std::string unavailable(const std::string& kernel) {
 
 #ifdef MUSE_DECODE_WITH_CUDA
 namespace {
-bool properties(int device, cudaDeviceProp* prop, std::string* why) {
+// Resolves `device` (-1: the current one) and whether it is visible; `why`
+// says why not.
+bool visible_device(int& device, std::string* why) {
   int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
+  const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     if (why) *why = err == cudaSuccess ? "no CUDA device" : std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
     return false;
   }
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (device >= count || cudaGetDeviceProperties(prop, device) != cudaSuccess) {
+  device = detail::resolve_device(device);
+  if (device >= count) {
+    if (why) *why = "CUDA device " + std::to_string(device) + " is not visible";
+    return false;
+  }
+  return true;
+}
+
+bool properties(int device, cudaDeviceProp* prop, std::string* why) {
+  if (!visible_device(device, why)) return false;
+  if (cudaGetDeviceProperties(prop, device) != cudaSuccess) {
+    cudaGetLastError();
     if (why) *why = "CUDA device " + std::to_string(device) + " is not visible";
     return false;
   }
@@ -77,14 +89,9 @@ std::string describe_device(int device) {
 // One attribute rather than the whole cudaDeviceProp (which the runtime fills
 // field by field): qkv_front's checks ask for it on a device not yet prepared.
 int sm_count(int device) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return 0;
-  }
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0;
   int sms = 0;
-  if (device >= count || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  if (!visible_device(device, nullptr)) return 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }

@@ -310,6 +310,12 @@ __device__ __forceinline__ uint64_t globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// The same, read once `v` (a load's result) has arrived: the read waits for it.
+__device__ __forceinline__ uint64_t globaltimer_after(uint32_t v) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(v));
+  return t;
+}
 __device__ __forceinline__ uint32_t smid() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(r));

@@ -62,12 +62,8 @@ class Recorder {
   }
   // The stamp once `v` (a load's result) has arrived: the timer read waits for it.
   __device__ __forceinline__ void mark_after(Phase phase, int v) {
-    if constexpr (kOn) {
-      if (threadIdx.x != 0) return;
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(v));
-      rec_[static_cast<int>(phase)] = t;
-    }
+    if constexpr (kOn)
+      if (threadIdx.x == 0) rec_[static_cast<int>(phase)] = ptx::globaltimer_after(static_cast<uint32_t>(v));
   }
   __device__ __forceinline__ void tag(uint64_t bits) {
     if constexpr (kOn)
