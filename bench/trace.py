@@ -3,8 +3,8 @@
 
 A build configured with -DMUSE_DECODE_TRACE=ON has every instrumented kernel
 record, per CTA and launch, the %globaltimer stamp of each named phase it
-reached (src/common/trace.cuh); bench_attn2 dumps the ring after each shape
-when MUSE_DECODE_TRACE_DIR is set. This prints, per phase, the first, median
+reached (src/common/trace.cuh); the muse-decode tool dumps attn2's ring after
+timing it when MUSE_DECODE_TRACE_DIR is set. This prints, per phase, the first, median
 and last CTA of a call, in us after the previous call's last CTA left, as the
 median over the steady-state calls:
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -93,6 +95,22 @@ void capture(Graph& g, cudaStream_t s, int calls, F&& call) {
   g.calls = calls;
 }
 
+}  // namespace
+
+// A build with -DMUSE_DECODE_TRACE=ON defines the dump of attn2's phase
+// stamps (src/common/trace.cuh); with MUSE_DECODE_TRACE_DIR set, the ring of
+// the timed calls goes to trace_attn2_<tp>_<context>_<layer>.bin there, for
+// bench/trace.py.
+extern "C" int muse_decode_dump_attn2_trace(const char* path) __attribute__((weak));
+
+namespace {
+void dump_attn2_trace(const Deployment& d) {
+  const char* dir = std::getenv("MUSE_DECODE_TRACE_DIR");
+  if (!muse_decode_dump_attn2_trace || !dir) return;
+  const std::string path = std::string(dir) + "/trace_attn2_tp" + std::to_string(d.tp) + "_" +
+                           std::to_string(d.context) + "_" + (d.sliding ? "sliding" : "full") + ".bin";
+  if (muse_decode_dump_attn2_trace(path.c_str()) != 0) std::fprintf(stderr, "could not write %s\n", path.c_str());
+}
 }  // namespace
 
 std::vector<OpResult> run_gpu(const Deployment& d) {
@@ -348,6 +366,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   });
   note(d, "timing attn2 (fused and unfused)");
   results[1].us = time_it(op_calls, [&](int i) { attn_call(i % layers); });
+  dump_attn2_trace(d);
   results[1].unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
     const int l = i % layers;
     unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n, cache.ptr + layer_cache * l,
