@@ -1,5 +1,5 @@
 // Host cost of one kernel launch on this machine, the part of every eager
-// call that no binding can remove (SPEC section 7: at most 5 us per op): a
+// call that no binding can remove (the bar: at most 5 us per op): a
 // loop of launches of an empty kernel in the forms the ops use (triple
 // chevrons; cudaLaunchKernelEx with programmatic dependent launch, with a
 // cluster attribute, with both; a kernel whose cluster shape is compiled in),

@@ -4,7 +4,7 @@ the stock chain (GEMM, per-head q/k RMS norm, interleaved RoPE, KV-cache
 insert in PyTorch). The weight is rotated over enough copies (layers) that
 the L2 cannot hold them, and the L2 is flushed before each replay.
 
-Bars (SPEC 9): TP8 (N = 2304, 37.7 MB) <= 1.15 x the weight-read floor;
+Bars: TP8 (N = 2304, 37.7 MB) <= 1.15 x the weight-read floor;
 TP1 (N = 18432, 302 MB) <= 1.1 x."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """route benchmark: our kernel (with metadata) against the stock PyTorch
 composite, b = 1..8, in the same run. Our calls use the package's defaults
 (programmatic dependent launch on); the column us_no_pdl is the same call
-launched plainly. The bar (SPEC 9): <= 3 us per call with
+launched plainly. The bar: <= 3 us per call with
 metadata for every b.
 
 route moves almost no bytes (b KB of logits), so its floor is latency: the

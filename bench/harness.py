@@ -22,7 +22,7 @@ import time
 
 import torch
 
-COPY_BW = 4.2e12  # bytes/s, measured device-to-device copy on the H200 (SPEC 9)
+COPY_BW = 4.2e12  # bytes/s, measured device-to-device copy on the H200
 SCRUB_BYTES = 256 << 20
 SCRUB_MODE = os.environ.get("MUSE_BENCH_SCRUB", "read")  # "read" or "write": how graph_us(scrub=True) scrubs
 if SCRUB_MODE not in ("read", "write"):
@@ -98,7 +98,7 @@ def host_us(call, n: int = 64, loops: int = 50) -> float:
     return best
 
 
-# SPEC section 7: at most 5 us of host time per op call. Most of a call is the
+# The bar: at most 5 us of host time per op call. Most of a call is the
 # CUDA launch itself, whose host cost differs between lent machines by more
 # than 1 us (torch's own empty kernel took 3.8 us and 4.9 us on the same
 # machine minutes apart on 2026-11-30; bench/NOTES.md). Where even that launch

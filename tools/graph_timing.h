@@ -28,7 +28,7 @@
 
 namespace muse_decode::timing {
 
-inline constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, H200 device-to-device copy (SPEC 9)
+inline constexpr double kCopyBandwidth = 4.2e12;  // bytes/s, H200 device-to-device copy
 
 struct GraphTiming {
   double median_us = 0;  // per call

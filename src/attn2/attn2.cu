@@ -1,6 +1,6 @@
 // attn2's kernel: the 64 query rows (8 tokens x 8 heads) of one (request, KV
-// head) against its paged keys, with the o-norm and sigmoid gate fused (SPEC
-// section 5), composed of its parts:
+// head) against its paged keys, with the o-norm and sigmoid gate fused
+// (docs/contract.md), composed of its parts:
 //   config.cuh          the shape, the shared-memory plan, the named phases
 //   schedule.cuh        which CTA and warpgroup takes which keys
 //   rows.cuh            the rows each thread merges and finishes, Q and gate loads
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // page), read in boxes of one page's K or V of one KV head (16 x 64, 2 KB),
 // 128-byte swizzled. The map depends only on (address, pages, KV heads): a
 // layer's cache hits a small per-thread table after its first call (encoding
-// costs host time, and SPEC section 7 gives an op 5 us in all).
+// costs host time, and an op has 5 us in all).
 bool kv_map(CUtensorMap* map, const Attn2Params& p) {
   const detail::TensorMapKey key{p.kv_cache, {p.num_pages, p.num_kv_heads}};
   return detail::cached_tensor_map<6>(map, key, [&](CUtensorMap* m) {

@@ -52,7 +52,7 @@ static_assert(kHalfThreads == 128, "a half is one warpgroup of the wgmma path");
 enum class Barrier : int { kHalf0 = 1, kHalf1 = 2 };
 
 // log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
-// From the scale in double (head_dim^-0.5 * qk_scale_factor, SPEC section 2),
+// From the scale in double (head_dim^-0.5 * qk_scale_factor),
 // rounded to fp32 once.
 inline constexpr double kLog2e = 1.4426950408889634;
 inline constexpr float kScaleLog2 = static_cast<float>(kQkScaleFactor / 8.0 * kLog2e);

@@ -1,5 +1,5 @@
 // attn2's epilogue: out = bf16(sigmoid(gate) * o * rsqrt(mean(o^2) + eps)),
-// the o-norm and sigmoid gate of SPEC section 5, for the columns of a merged
+// the o-norm and sigmoid gate of the contract, for the columns of a merged
 // row that this thread holds.
 #pragma once
 

@@ -3,7 +3,7 @@
 // block, dynamic shared memory, an optional cluster and programmatic
 // dependent launch (PDL).
 //
-// Host cost matters here (SPEC section 7: at most 5 us per op, and a bare
+// Host cost matters here (at most 5 us per op, and a bare
 // launch already takes 2.8-4.4 us of it on the H200 hosts). The runtime's
 // cudaLaunchKernelEx looks the kernel up in the current context on every call;
 // this calls the driver's cuLaunchKernelEx (through the runtime's entry-point

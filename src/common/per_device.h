@@ -1,6 +1,6 @@
 // A value per CUDA device, set once outside the per-call path (a prepare_*
 // call) and read on every call with one acquire load: the host budget of a
-// call is a few microseconds (SPEC section 7).
+// call is a few microseconds.
 #pragma once
 
 #include <atomic>

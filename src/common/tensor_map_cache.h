@@ -1,5 +1,5 @@
 // Tensor maps of the TMA copies, kept per host thread. Encoding one
-// (cuTensorMapEncodeTiled) costs host time on every call, and SPEC section 7
+// (cuTensorMapEncodeTiled) costs host time on every call, and the contract
 // gives an op 5 us in all; a map depends only on its tensor (address, sizes,
 // strides) and box, so each host thread keeps the maps it encoded in a small
 // direct-mapped table: a layer's weight or KV cache, and an activation that

@@ -1,5 +1,5 @@
 // qkv_front's kernels: y = x W^T for 1..16 tokens, q/k RMS norm, interleaved
-// RoPE and the paged KV-cache insert in one launch (SPEC section 6). One
+// RoPE and the paged KV-cache insert in one launch (docs/contract.md). One
 // source serves sm_90a and sm_100a (TMA, mbarrier, mma.sync, clusters, PDL).
 //
 // The cost is reading the weight once (TP8: 37.7 MB, 9.0 us at 4.2 TB/s);

@@ -1,4 +1,4 @@
-// CPU reference of attn2: straight from SPEC section 5, in double precision.
+// CPU reference of attn2: straight from the contract (docs/contract.md), in double precision.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -37,7 +37,7 @@ void attn2_pair(const Attn2Inputs& in, int req, int kv_head, double* out) {
         const uint16_t* k = key_row(j, false);
         double dot = 0.0;
         for (int d = 0; d < D; ++d) dot += q[d] * attn2_bf16_value(k[d]);
-        scores[j - lo] = 0.6841258107984375 * dot;  // SPEC: 64^-0.5 * 5.4730064863875
+        scores[j - lo] = 0.6841258107984375 * dot;  // 64^-0.5 * 5.4730064863875
         m = std::max(m, scores[j - lo]);
       }
       double sum = 0.0;

@@ -1,4 +1,4 @@
-// CPU reference of qkv_front: SPEC sections 2 and 6 written out in double.
+// CPU reference of qkv_front: the contract (docs/contract.md) written out in double.
 #include <cmath>
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// CPU reference of route: SPEC section 4 written out step by step.
+// CPU reference of route: the contract (docs/contract.md) written out step by step.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -34,7 +34,7 @@ constexpr unsigned kAll = 0xFFFFFFFFu;
 static_assert(kThreads == kNumExperts, "one thread per expert (and per local expert in the metadata)");
 static_assert(kFinalists <= kThreads, "one thread per finalist");
 
-// A candidate as one word that orders like the SPEC's step 3: the key as an
+// A candidate as one word that orders like the contract's step 3 (docs/contract.md): the key as an
 // order-preserving integer in the upper half (NaN above every number, -0 equal
 // to +0), 255 - expert in the lower half, so equal keys rank the lower expert
 // first. Words are unique (one per expert): ranks are a permutation.
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
-  // SPEC steps 1-2: torch.sigmoid's arithmetic (accurate expf, then 1 / y
+  // Steps 1-2 of the contract: torch.sigmoid's arithmetic (accurate expf, then 1 / y
   // correctly rounded, which __frcp_rn is), then one fp32 add.
   const float x = p.logits[t * p.logits_stride + e];
   const float s = __frcp_rn(__fadd_rn(1.0f, expf(-x)));

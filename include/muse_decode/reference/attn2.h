@@ -1,5 +1,5 @@
 // CPU reference of attn2: the test oracle, written for clarity in double
-// precision from the same bf16 inputs (SPEC section 5).
+// precision from the same bf16 inputs (docs/contract.md).
 #pragma once
 
 #include <cstdint>

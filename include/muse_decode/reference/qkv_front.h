@@ -16,7 +16,7 @@ namespace muse_decode::reference {
 void qkv_projection(const uint16_t* x, int64_t x_stride, int num_tokens, const uint16_t* weight,
                     int num_kv_heads, double* y);
 
-// The epilogue on y [num_tokens, N] in place (SPEC sections 2 and 6): every q
+// The epilogue on y [num_tokens, N] in place (docs/contract.md): every q
 // and k head (64 values) divided by sqrt(mean(y^2) + 1e-5), then, when cos_sin
 // is given (fp32 [max_pos, 64]), the pairs (2j, 2j+1) of q and k rotated by
 // c = cos_sin[pos, j], s = cos_sin[pos, 32 + j]; positions outside the table

@@ -8,7 +8,7 @@
 
 namespace muse_decode::reference {
 
-// Routing of num_tokens rows of 256 logits (row stride 256), SPEC section 4
+// Routing of num_tokens rows of 256 logits (row stride 256), docs/contract.md
 // steps 1-5 in fp32 on the CPU. The only difference from the GPU is expf:
 // the host libm and CUDA's expf may differ in the last bit, so a score can
 // differ by an ulp; everything after the scores is the same arithmetic.
