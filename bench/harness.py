@@ -9,8 +9,8 @@ copies past the L2. The scrub reads rather than writes: a model step runs each
 op behind others that stream weights through the L2 (clean lines), while a
 written scrub leaves ~60 MB of dirty lines whose write-backs share the DRAM
 with the replay's first calls (at attn2's 128k, 0.3-0.45 us per call of a
-30-call graph: bench/NOTES-attn2.md, nineteenth session).
-MUSE_BENCH_SCRUB=write restores the written scrub (the method up to then).
+30-call graph; bench/micro/l2_scrub.py measures it).
+MUSE_BENCH_SCRUB=write scrubs by writing instead, to see that effect.
 """
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def host_us(call, n: int = 64, loops: int = 50) -> float:
 
 
 # The bar: at most 5 us of host time per op call. Most of a call is the
-# CUDA launch itself, whose host cost differs between lent machines by more
-# than 1 us (torch's own empty kernel took 3.8 us and 4.9 us on the same
-# machine minutes apart on 2026-11-30; bench/NOTES.md). Where even that launch
-# is slower than 3.8 us, an op may take at most 1.2 us more than it.
+# CUDA launch itself, whose host cost moves by more than 1 us from one H200
+# host to another and within minutes on one (torch's own empty kernel: 3.8
+# and 4.9 us on the same host). Where that launch alone takes more than
+# 3.8 us, an op may take at most 1.2 us more than it.
 HOST_BAR_US, HOST_EMPTY_REF_US = 5.0, 3.8
 
 
