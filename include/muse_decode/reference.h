@@ -3,5 +3,6 @@
 #pragma once
 
 #include "muse_decode/reference/attn2.h"
+#include "muse_decode/reference/o_proj.h"
 #include "muse_decode/reference/qkv_front.h"
 #include "muse_decode/reference/route.h"

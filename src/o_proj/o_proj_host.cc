@@ -1,0 +1,199 @@
+// o_proj host layer: the supported widths, the output-projection check, the
+// per-call argument checks that guard the launch, the device setup, the
+// launch and the bound form.
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+
+#include "../common/checks.h"
+#include "../common/hardware.h"
+#include "muse_decode/arch.h"
+#include "muse_decode/o_proj.h"
+#include "o_proj_kernels.h"
+
+namespace muse_decode {
+
+using detail::cat;
+using detail::fail;
+using detail::fail_expected;
+
+namespace {
+
+// Prepared devices (nothing to remember beyond that they are).
+struct OProjDevice {
+  bool ready = false;
+};
+detail::PerDevice<OProjDevice> g_prepared;
+
+constexpr const char* kWidths = "one of 512, 1024, 2048, 4096, 8192 (8 * num_kv_heads * 64)";
+
+std::string strides_str(const TensorRef& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += cat(i ? ", " : "", t.stride[i]);
+  return s + "]";
+}
+
+// The order of every tensor's checks: present, dtype, device, shape, strides,
+// alignment (FlashMLA's order). device < 0: the tensor decides it.
+void require_tensor(const TensorRef& t, std::string_view name, int device) {
+  detail::require_present(t, name);
+  detail::require_dtype(t, name, DType::kBFloat16);
+  detail::require_cuda(t, name);
+  if (device >= 0) detail::require_same_device(t, name, device);
+}
+
+// A 2-D row-major view read (TMA) or written 16 bytes at a time by row: unit
+// column stride, row stride a multiple of 8 elements and at least the row
+// width, 16-byte aligned.
+void require_rows16(const TensorRef& t, std::string_view name, int64_t width) {
+  if (t.stride[1] != 1 && t.shape[1] > 1)
+    fail_expected(name, "unit stride along columns", cat("stride ", t.stride[1]));
+  if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
+    fail_expected(cat(name, " rows"),
+                  cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
+                  cat("row stride ", t.stride[0]));
+  detail::require_aligned(t.data, name, 16);
+}
+
+// The layer's weight (what OProj binds), for input width k (k < 0: any
+// supported width), on `device` (< 0: the weight decides it).
+void check_weight(const TensorRef& w, int64_t k, int device) {
+  require_tensor(w, "weight", device);
+  if (k >= 0) {
+    if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || w.shape[1] != k)
+      fail_expected("weight", cat("[", kOProjOutWidth, ", ", k, "] (x's width)"), w.shape_str());
+  } else if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || !o_proj_supports_in_width(w.shape[1])) {
+    fail_expected("weight", cat("[", kOProjOutWidth, ", K] with K ", kWidths), w.shape_str());
+  }
+  if (!w.contiguous()) fail_expected("weight", "contiguous", cat("strides ", strides_str(w)));
+  detail::require_aligned(w.data, "weight", 16);
+}
+
+// Every check of a call, in the order of the arguments; out only where given
+// unless `complete` (check_o_proj).
+OProjParams check_call(const OProjArgs& a, bool complete) {
+  // x decides the device, the number of tokens and K.
+  const TensorRef& x = a.x;
+  require_tensor(x, "x", -1);
+  const int dev = x.device;
+  if (x.ndim != 2 || x.shape[0] < 1 || x.shape[0] > kOProjMaxTokens || !o_proj_supports_in_width(x.shape[1]))
+    fail_expected("x", cat("[T, K] with 1 <= T <= ", kOProjMaxTokens, " and K ", kWidths), x.shape_str());
+  const int64_t T = x.shape[0], K = x.shape[1];
+  require_rows16(x, "x", K);
+  check_weight(a.weight, K, dev);
+
+  const TensorRef& out = a.out;
+  const bool with_out = complete || out.present();
+  if (with_out) {
+    require_tensor(out, "out", dev);
+    if (out.ndim != 2 || out.shape[0] != T || out.shape[1] != kOProjOutWidth)
+      fail_expected("out", cat("[", T, ", ", kOProjOutWidth, "] (tokens of x, hidden size)"), out.shape_str());
+    require_rows16(out, "out", kOProjOutWidth);
+    detail::require_disjoint(out, "out", x, "x");
+    detail::require_disjoint(out, "out", a.weight, "weight");
+  }
+
+  OProjParams p;
+  p.x = x.data;
+  p.x_stride = T > 1 ? x.stride[0] : K;
+  p.weight = a.weight.data;
+  if (with_out) {
+    p.out = out.data;
+    p.out_stride = T > 1 ? out.stride[0] : kOProjOutWidth;
+  }
+  p.num_tokens = static_cast<int>(T);
+  p.in_width = static_cast<int>(K);
+  p.pdl = a.pdl;
+  return p;
+}
+
+}  // namespace
+
+bool o_proj_supports_in_width(int64_t k) {
+  for (int kvh : {1, 2, 4, 8, 16})
+    if (k == o_proj_in_width(kvh)) return true;
+  return false;
+}
+
+std::optional<std::string> unsupported_o_proj(const OutProjectionDesc& a) {
+  if (a.quantized) return std::string("a quantized output projection (o_proj reads an unquantized bf16 weight)");
+  if (a.has_bias) return std::string("an output projection with a bias (o_proj adds none)");
+  if (!a.input_is_parallel && a.tp_size > 1)
+    return cat("an output projection whose input is not parallel over TP ", a.tp_size,
+               " (o_proj reads this rank's attention output as it is)");
+  if (a.head_dim != kHeadDim) return cat("head_dim ", a.head_dim, " (o_proj is built for ", kHeadDim, ")");
+  const int64_t k = int64_t{a.num_heads} * a.head_dim;
+  if (!o_proj_supports_in_width(k))
+    return cat(a.num_heads, " query heads per rank (o_proj serves 8, 16, 32, 64 or 128: K ", kWidths, ")");
+  const TensorRef& w = a.weight;
+  if (!w.present() || w.data == nullptr) return std::string("no output-projection weight");
+  if (w.dtype != DType::kBFloat16)
+    return cat("a ", dtype_name(w.dtype), " output-projection weight (o_proj reads bfloat16)");
+  if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || w.shape[1] != k)
+    return cat("an output-projection weight of shape ", w.shape_str(), " (o_proj reads [", kOProjOutWidth, ", ", k,
+               "] for ", a.num_heads, " query heads)");
+  if (!w.contiguous()) return std::string("a non-contiguous output-projection weight");
+  if (reinterpret_cast<uintptr_t>(w.data) % 16)
+    return std::string("an output-projection weight not 16-byte aligned (o_proj reads it with TMA)");
+  if (w.device < 0) return std::string("an output-projection weight in host memory");
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// Per-call checks.
+std::optional<std::string> unsupported_o_proj_call(const OProjArgs& args) {
+  return detail::reason_of([&] { check_call(args, false); });
+}
+
+bool o_proj_supports_call(const OProjArgs& args) { return !unsupported_o_proj_call(args); }
+
+OProjParams check_o_proj(const OProjArgs& args) { return check_call(args, true); }
+
+// ---------------------------------------------------------------------------
+// Device setup and launch.
+void prepare_o_proj(int device) {
+  detail::prepare_device(g_prepared, "o_proj", device, [](int) {
+    detail::throw_if_cuda_error(detail::o_proj_set_kernel_attributes(),
+                                "prepare_o_proj: setting the kernel attributes");
+    return OProjDevice{true};
+  });
+}
+
+int launch(const OProjParams& p, Stream stream) { return detail::o_proj_launch(p, stream); }
+
+void o_proj(const OProjArgs& args, Stream stream) {
+  const OProjParams p = check_o_proj(args);
+  detail::require_prepared(g_prepared, "o_proj", args.x.device);
+  detail::throw_if_cuda_error(detail::o_proj_launch(p, stream), "o_proj: kernel launch");
+}
+
+// ---------------------------------------------------------------------------
+// The bound form: the weight is checked here, once, and decides the device.
+OProj::OProj(const TensorRef& weight) : weight_(weight) {
+  check_weight(weight, -1, -1);
+  prepare_o_proj(weight.device);
+}
+
+OProjArgs OProj::args(const TensorRef& x, const TensorRef& out, bool pdl) const {
+  OProjArgs a;
+  a.x = x;
+  a.weight = weight_;
+  a.out = out;
+  a.pdl = pdl;
+  return a;
+}
+
+void OProj::operator()(const TensorRef& x, const TensorRef& out, Stream stream, bool pdl) const {
+  o_proj(args(x, out, pdl), stream);
+}
+
+}  // namespace muse_decode
+
+#ifndef MUSE_DECODE_WITH_CUDA
+// A build without CUDA keeps the host API and answers the kernels' entries
+// with cudaErrorNotSupported.
+namespace muse_decode::detail {
+int o_proj_launch(const OProjParams&, Stream) { return kCudaErrorNotSupported; }
+int o_proj_set_kernel_attributes() { return kCudaErrorNotSupported; }
+}  // namespace muse_decode::detail
+#endif

@@ -1,0 +1,97 @@
+// The two rings between a CTA's producer thread and its consumer warps, and
+// the producer itself.
+//
+// Block b of K (64 columns) goes into weight stage b % kWStages and x stage
+// b % kXStages; each stage has a full barrier (the producer's arrival and the
+// copy's bytes) and an empty barrier (one arrival per consumer warp). The
+// weight does not depend on the previous kernel, so every weight copy that
+// has a free stage leaves before griddepcontrol.wait (at TP8 the CTA's whole
+// share); x, the previous kernel's output, only after it.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "../common/ptx.cuh"
+#include "config.cuh"
+
+namespace muse_decode::oproj {
+
+__device__ __forceinline__ void sync_consumers() {
+  ptx::named_barrier_sync<OProjBarrier::kConsumers, kConsumerThreads>();
+}
+
+// One ring: S stages of kBytes from `base`, and their barriers.
+template <int S, int kBytes>
+struct Ring {
+  uint32_t base;    // shared address of stage 0
+  uint64_t* full;   // [S] one arrival (the producer's) and the copy's bytes
+  uint64_t* empty;  // [S] one arrival per consumer warp
+
+  __device__ __forceinline__ uint32_t stage(int b) const { return base + static_cast<uint32_t>((b % S) * kBytes); }
+  // The parity of the phase in which block b fills (or frees) its stage.
+  __device__ __forceinline__ static uint32_t parity(int b) { return static_cast<uint32_t>((b / S) & 1); }
+
+  __device__ __forceinline__ void init() const {
+    for (int s = 0; s < S; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], kConsumerWarps);
+    }
+  }
+};
+
+// A CTA's two rings, carved from its shared memory as Config lays it out.
+template <typename Cfg>
+struct Rings {
+  Ring<Cfg::kWStages, Cfg::kWBytes> w;
+  Ring<Cfg::kXStages, Cfg::kXBytes> x;
+
+  __device__ __forceinline__ static Rings carve(uint8_t* smem) {
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarrierOffset);
+    return {{ptx::smem_addr(smem), bars, bars + Cfg::kWStages},
+            {ptx::smem_addr(smem + Cfg::kXOffset), bars + 2 * Cfg::kWStages, bars + 2 * Cfg::kWStages + Cfg::kXStages}};
+  }
+};
+
+// The producer (lane 0 of the producer warp) for the CTA's `blocks` blocks
+// of its kRows weight rows from `row0`: first the weight blocks that have a
+// stage, then griddepcontrol.wait, then the x blocks that have a stage, then
+// each later block once the consumers have freed the stage it goes into.
+// Consumers release a block's weight and x stages together, so the producer
+// waits for block b's release before refilling either with a later block.
+template <typename Cfg>
+__device__ __forceinline__ void produce(const Rings<Cfg>& r, const CUtensorMap* w_map, const CUtensorMap* x_map,
+                                        int row0, int blocks) {
+  ptx::prefetch_tensor_map(w_map);
+  ptx::prefetch_tensor_map(x_map);
+  const auto copy_w = [&](int b) {
+    uint64_t* full = &r.w.full[b % Cfg::kWStages];
+    ptx::mbar_arrive_expect_tx(full, Cfg::kWBytes);
+    ptx::tma_load_2d(r.w.stage(b), w_map, ptx::smem_addr(full), b * kBlockK, row0);
+  };
+  const auto copy_x = [&](int b) {
+    uint64_t* full = &r.x.full[b % Cfg::kXStages];
+    ptx::mbar_arrive_expect_tx(full, Cfg::kXBytes);
+    ptx::tma_load_2d(r.x.stage(b), x_map, ptx::smem_addr(full), b * kBlockK, 0);
+  };
+  const int w_early = blocks < Cfg::kWStages ? blocks : Cfg::kWStages;
+  for (int b = 0; b < w_early; ++b) copy_w(b);
+  ptx::griddep_wait();  // x is the previous kernel's output
+  const int x_early = blocks < Cfg::kXStages ? blocks : Cfg::kXStages;
+  for (int b = 0; b < x_early; ++b) copy_x(b);
+  // Block b's release frees weight stage b % kWStages for block b + kWStages
+  // and x stage b % kXStages for block b + kXStages.
+  for (int b = 0; b + Cfg::kXStages < blocks || b + Cfg::kWStages < blocks; ++b) {
+    if (b + Cfg::kXStages < blocks) {
+      ptx::mbar_wait(&r.x.empty[b % Cfg::kXStages], r.x.parity(b));
+      copy_x(b + Cfg::kXStages);
+    }
+    if (b + Cfg::kWStages < blocks) {
+      ptx::mbar_wait(&r.w.empty[b % Cfg::kWStages], r.w.parity(b));
+      copy_w(b + Cfg::kWStages);
+    }
+  }
+}
+
+}  // namespace muse_decode::oproj
