@@ -4,10 +4,14 @@
 // reference and prints a table of time, bandwidth and the unfused path timed
 // in the same run. Without a supported GPU it runs and checks the CPU
 // reference path on a small shape and says why the GPU part did not run.
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <exception>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -59,14 +63,33 @@ options:
   std::exit(2);
 }
 
-int int_flag(int argc, char** argv, int& i, const char* name, int lo, int hi) {
-  if (i + 1 >= argc) usage_error(std::string(name) + " needs a value");
+// The integer value of flag `name` (argv[i + 1]), or a usage error that says
+// which values the flag accepts, the same text whether the value was not a
+// number or a number the flag refuses.
+template <typename Accepts>
+int int_flag(int argc, char** argv, int& i, const char* name, const std::string& accepted, Accepts&& accepts) {
+  if (i + 1 >= argc) usage_error(std::string(name) + " needs a value: " + accepted);
+  const char* text = argv[++i];
   char* end = nullptr;
-  const long v = std::strtol(argv[++i], &end, 10);
-  if (*argv[i] == '\0' || *end != '\0' || v < lo || v > hi)
-    usage_error(std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                "], got '" + argv[i] + "'");
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || errno == ERANGE || v < INT_MIN || v > INT_MAX || !accepts(static_cast<int>(v)))
+    usage_error(std::string(name) + " must be " + accepted + ", got '" + text + "'");
   return static_cast<int>(v);
+}
+
+// A flag whose values are a range.
+int range_flag(int argc, char** argv, int& i, const char* name, int lo, int hi) {
+  return int_flag(argc, argv, i, name, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                  [&](int v) { return v >= lo && v <= hi; });
+}
+
+// A flag whose values are a list.
+int set_flag(int argc, char** argv, int& i, const char* name, std::initializer_list<int> values) {
+  std::string accepted;
+  for (const int v : values) accepted += (accepted.empty() ? "one of " : ", ") + std::to_string(v);
+  return int_flag(argc, argv, i, name, accepted,
+                  [&](int v) { return std::find(values.begin(), values.end(), v) != values.end(); });
 }
 
 struct Options {
@@ -82,28 +105,24 @@ Options parse(int argc, char** argv) {
       std::fputs(kHelp, stdout);
       std::exit(0);
     } else if (a == "--tp") {
-      o.d.tp = int_flag(argc, argv, i, "--tp", 1, 8);
-      if (o.d.tp != 1 && o.d.tp != 2 && o.d.tp != 4 && o.d.tp != 8)
-        usage_error("--tp must be 1, 2, 4 or 8, got " + std::to_string(o.d.tp));
+      o.d.tp = set_flag(argc, argv, i, "--tp", {1, 2, 4, 8});
     } else if (a == "--context") {
-      o.d.context = int_flag(argc, argv, i, "--context", 8, 262144);
+      o.d.context = range_flag(argc, argv, i, "--context", 8, 262144);
     } else if (a == "--requests") {
-      o.d.requests = int_flag(argc, argv, i, "--requests", 1, 8);
+      o.d.requests = range_flag(argc, argv, i, "--requests", 1, 8);
     } else if (a == "--layer") {
-      if (i + 1 >= argc) usage_error("--layer needs a value");
+      if (i + 1 >= argc) usage_error("--layer needs a value: one of sliding, full");
       const std::string k = argv[++i];
-      if (k != "sliding" && k != "full") usage_error("--layer must be sliding or full, got '" + k + "'");
+      if (k != "sliding" && k != "full") usage_error("--layer must be one of sliding, full, got '" + k + "'");
       o.d.sliding = k == "sliding";
     } else if (a == "--layers") {
-      o.d.layers = int_flag(argc, argv, i, "--layers", 1, 64);
+      o.d.layers = range_flag(argc, argv, i, "--layers", 1, 64);
     } else if (a == "--tile-n") {
-      o.d.tile_n = int_flag(argc, argv, i, "--tile-n", 8, 256);
-      if (!md::valid_tile_n(o.d.tile_n))
-        usage_error("--tile-n must be one of 8, 16, 32, 64, 128, 256, got " + std::to_string(o.d.tile_n));
+      o.d.tile_n = int_flag(argc, argv, i, "--tile-n", "one of 8, 16, 32, 64, 128, 256", md::valid_tile_n);
     } else if (a == "--calls") {
-      o.d.calls = int_flag(argc, argv, i, "--calls", 1, 1024);
+      o.d.calls = range_flag(argc, argv, i, "--calls", 1, 1024);
     } else if (a == "--replays") {
-      o.d.replays = int_flag(argc, argv, i, "--replays", 5, 101);
+      o.d.replays = range_flag(argc, argv, i, "--replays", 5, 101);
     } else if (a == "--cpu") {
       o.cpu_only = true;
     } else if (a == "--json") {

@@ -14,17 +14,22 @@ enum class GpuFamily {
 
 const char* gpu_family_name(GpuFamily family);
 
-// Family of CUDA device `device` (-1: the current device). Never throws.
+// The three queries below take a CUDA device ordinal or -1 (the current
+// device); they throw std::invalid_argument for a device below -1 and
+// otherwise never throw, whatever the machine has.
+//
+// Family of CUDA device `device`.
 GpuFamily gpu_family(int device = -1);
-// Human-readable name of the device, e.g. "NVIDIA H200 (sm_90, 132 SMs)", or
-// why there is none.
+// Human-readable name of the device, e.g. "NVIDIA H200 (sm_90, 132 SMs, 60 MB
+// L2)", or why there is none.
 std::string describe_device(int device = -1);
 // Number of multiprocessors of `device` (0 when none).
 int sm_count(int device = -1);
 
 bool supported_family(GpuFamily family);
 
-// The reason a deployment whose GPUs cannot run `kernel` is refused.
+// The reason a deployment whose GPUs cannot run `kernel` ("route", "attn2" or
+// "qkv_front") is refused. Throws std::invalid_argument for any other name.
 std::string unavailable(const std::string& kernel);
 
 // True when the library was compiled with its CUDA kernels.

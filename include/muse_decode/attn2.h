@@ -1,6 +1,6 @@
 // attn2: paged attention of the 8-row speculative-decode verify step fused with
 // the weightless RMS norm (o-norm) and the sigmoid gate of the attention output
-// (SPEC section 5).
+// (the contract: docs/contract.md).
 //
 // One launch covers every KV head of the rank and every request. Its grid
 // depends on the deployment only (max_model_len, window, KV heads, requests),
@@ -25,9 +25,15 @@ inline constexpr int kAttn2ShortMaxLen = 2048;
 // Bound of attn2_splits (and of the num_splits a call accepts).
 inline constexpr int kAttn2MaxSplits = 32;
 
+// Each sizing function checks every argument (std::invalid_argument naming it,
+// with the expected and the actual value) as a call would: max_model_len >= 8,
+// window 0 or in [1, max_model_len), num_kv_heads one of 1, 2, 4, 8, 16 (this
+// rank's share of Muse Spark's 16), num_reqs in [1, 65535], num_splits in
+// [1, 32].
+//
 // The window attn2 applies for a layer: 0 when the layer has none or when the
-// window covers max_model_len (no key is then outside a row's window).
-// Throws std::invalid_argument on a window < 1.
+// window covers max_model_len (no key is then outside a row's window); a
+// sliding_window below 1 is refused.
 int attn2_window(std::optional<int> sliding_window, int max_model_len);
 
 // Key slices per (request, KV head), each a cluster of 16 CTAs at 1-2 KV
@@ -81,7 +87,7 @@ std::optional<std::string> unsupported_attn2(const Attn2Layer& layer);
 struct Attn2Args {
   TensorRef q;            // bf16 [R*8, H*64], unit column stride, row stride % 8 == 0, 16-byte aligned
   TensorRef gate;         // bf16 [R*8, H*64], same layout rules as q (its own row stride)
-  TensorRef kv_cache;     // bf16 [pages, KVH, 16, 128] contiguous (K in 0:64, V in 64:128)
+  TensorRef kv_cache;     // bf16 [pages, KVH, 16, 128] contiguous (K in 0:64, V in 64:128), KVH 1, 2, 4, 8 or 16
   TensorRef block_table;  // int32 [R, max_pages], unit column stride, max_pages >= ceil(max_model_len / 16)
   TensorRef seq_lens;     // int32 [R], contiguous: 8 <= L <= max_model_len, the 8 query tokens included
   TensorRef out;          // bf16 [R*8, H*64], same layout rules as q; must not overlap any input
@@ -116,7 +122,7 @@ struct Attn2Params {
   int64_t out_stride = 0;             // elements between rows, multiple of 8
   void* workspace = nullptr;          // attn2_workspace_bytes(R, KVH, num_splits) bytes; null when num_splits == 1
   int num_reqs = 0;                   // R, 1..65535
-  int num_kv_heads = 0;               // KVH, 1..65535
+  int num_kv_heads = 0;               // KVH: 1, 2, 4, 8 or 16
   int max_model_len = 0;              // L > max_model_len is a contract break (NaN rows)
   int window = 0;                     // 0: none; else keys p - window + 1 .. p
   int num_splits = 1;                 // clusters per (request, KV head), 1..32

@@ -1,4 +1,5 @@
-// qkv_front: the attention front of Muse Spark for 1..16 tokens (SPEC section 6).
+// qkv_front: the attention front of Muse Spark for 1..16 tokens (the contract:
+// docs/contract.md).
 // One launch computes y = x W^T (the fused [q | k | v | gate] projection, fp32
 // accumulation), the weightless RMS norm of every q and k head, interleaved
 // RoPE when the layer has it, writes out [T, N] bf16 and inserts each KV
@@ -28,9 +29,10 @@ inline constexpr int kFrontBlocksPerTile = kHiddenSize / kFrontBlockK;  // 128
 // One CTA's partial sums of one tile: 128 threads x 2 n-tiles x 4 floats.
 inline constexpr int kFrontPartialBytes = 128 * 2 * 4 * 4;        // 4 KB
 
-// Whether the front serves a projection of output width n for num_kv_heads
+// Whether qkv_front serves a projection of output width n for num_kv_heads
 // KV heads: n == qkv_width(num_kv_heads), num_kv_heads in {1, 2, 4, 8, 16}
-// (TP16, TP8, TP4, TP2, TP1 of Muse Spark's 16 KV heads).
+// (TP16, TP8, TP4, TP2, TP1 of Muse Spark's 16 KV heads); false for any
+// other pair of integers.
 bool qkv_front_supports_shape(int n, int num_kv_heads);
 
 // CTAs of a launch for num_kv_heads on a GPU with sm_count multiprocessors:
@@ -43,10 +45,23 @@ int qkv_front_ctas(int num_kv_heads, int sm_count);
 // sm_count < 1.
 int64_t qkv_front_workspace_bytes(int num_kv_heads, int sm_count);
 // The same for CUDA device `device` (its multiprocessor count; -1: current).
-// Throws std::invalid_argument when there is no such device.
+// Throws std::invalid_argument on an unsupported num_kv_heads or when there is
+// no such device.
 int64_t qkv_front_workspace_bytes_for_device(int num_kv_heads, int device = -1);
 
 // ---------------------------------------------------------------------------
+// Where each part of the front's output rows [q | k | v | gate] starts, and
+// the row width, for num_kv_heads KV heads (1, 2, 4, 8 or 16; throws
+// std::invalid_argument naming num_kv_heads otherwise). q and gate are 8
+// heads of 64 per KV head, k and v one each.
+struct QkvColumns {
+  int64_t k = 0;      // q spans [0, k)
+  int64_t v = 0;      // k spans [k, v)
+  int64_t gate = 0;   // v spans [v, gate)
+  int64_t width = 0;  // gate spans [gate, width); width == qkv_width(num_kv_heads)
+};
+QkvColumns qkv_front_columns(int num_kv_heads);
+
 // The q and gate column views of the front's output rows [q | k | v | gate]
 // (q and gate: 8 heads of 64 per KV head), with qkv's row stride. Throws
 // std::invalid_argument when qkv is not [T, qkv_width(num_kv_heads)].
@@ -84,7 +99,7 @@ struct ProjectionDesc {
 std::optional<std::string> unsupported_projection(const ProjectionDesc& attn);
 
 // ---------------------------------------------------------------------------
-// One call (SPEC section 6).
+// One call.
 struct QkvFrontArgs {
   TensorRef x;             // bf16 [T, 8192], 1 <= T <= 16, unit column stride, row stride a multiple
                            // of 8 elements, 16-byte aligned (read with TMA); decides the device

@@ -1,5 +1,6 @@
 // route: Muse Spark MoE routing of 1..8 tokens, with the TRT-LLM-gen routing
-// metadata of this rank's experts in the same launch (SPEC section 4).
+// metadata of this rank's experts in the same launch (the contract:
+// docs/contract.md).
 #pragma once
 
 #include <cstdint>

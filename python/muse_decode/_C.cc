@@ -22,15 +22,19 @@ NB_MODULE(_C, m) {
       "_register_dtype",
       [](nb::handle dtype, nb::handle code) { python::register_dtype(dtype, python::int_arg(code, "code")); },
       "dtype"_a, "code"_a);
-  m.def("unavailable", &unavailable, "kernel"_a);
+  m.def(
+      "unavailable", [](nb::handle kernel) { return unavailable(python::str_arg(kernel, "kernel")); },
+      nb::sig("def unavailable(kernel: str) -> str"), "kernel"_a.none(),
+      "The reason a deployment whose GPUs cannot run `kernel` (\"route\", \"attn2\" or \"qkv_front\") is\n"
+      "refused. ValueError for any other name.");
   m.def("built_with_cuda", &built_with_cuda);
   m.def(
       "gpu_family",
       [](nb::handle device) { return std::string(gpu_family_name(gpu_family(python::int_arg(device, "device")))); },
-      "device"_a = -1);
+      nb::sig("def gpu_family(device: int = -1) -> str"), "device"_a.none() = -1);
   m.def(
       "describe_device", [](nb::handle device) { return describe_device(python::int_arg(device, "device")); },
-      "device"_a = -1);
+      nb::sig("def describe_device(device: int = -1) -> str"), "device"_a.none() = -1);
   python::bind_route(m);
   python::bind_qkv_front(m);
   python::bind_attn2(m);

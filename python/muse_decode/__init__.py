@@ -18,7 +18,14 @@ launch of a params struct has no Python counterpart: Python passes tensors,
 and every call is checked. The seed's names stay as aliases, the same
 objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
 ``qkv_front_supports_call``, ``supports_shape`` is
-``qkv_front_supports_shape``.
+``qkv_front_supports_shape``; all three are qkv_front's.
+
+Every function answers a bad argument (a wrong type, an integer out of
+range, an unknown name) with a ValueError naming it, the expected and the
+actual value. The "why not" checks (``unsupported_router``,
+``unsupported_attn2``, ``unsupported_projection``, ``unsupported_<op>_call``)
+return the reason as text for any object they are given, never raise for
+it; the contract is in docs/contract.md.
 """
 
 from . import _C

@@ -16,7 +16,7 @@ namespace muse_decode::python {
 namespace {
 Attn2Args attn2_args(nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
                      nb::handle out, nb::handle workspace, nb::handle max_model_len, nb::handle window,
-                     nb::handle num_splits, bool pdl) {
+                     nb::handle num_splits, nb::handle pdl) {
   Attn2Args a;
   a.q = tensor_ref(q, "q");
   a.gate = tensor_ref(gate, "gate");
@@ -28,7 +28,7 @@ Attn2Args attn2_args(nb::handle q, nb::handle gate, nb::handle kv_cache, nb::han
   a.max_model_len = int_arg(max_model_len, "max_model_len");
   a.window = int_arg(window, "window");
   a.num_splits = int_arg(num_splits, "num_splits");
-  a.pdl = pdl;
+  a.pdl = bool_arg(pdl, "pdl");
   return a;
 }
 
@@ -72,27 +72,31 @@ void bind_attn2(nb::module_& m) {
       "the CUDA runtime refuses the setup.");
   m.def(
       "unsupported_attn2",
-      [](bool use_o_norm, bool use_o_gate, nb::handle head_dim, nb::handle num_heads, nb::handle num_kv_heads,
-         double scaling, double eps) {
-        Attn2Layer l;
-        l.use_o_norm = use_o_norm;
-        l.use_o_gate = use_o_gate;
-        l.head_dim = int_arg(head_dim, "head_dim");
-        l.num_heads = int_arg(num_heads, "num_heads");
-        l.num_kv_heads = int_arg(num_kv_heads, "num_kv_heads");
-        l.scaling = scaling;
-        l.rms_norm_eps = eps;
-        return unsupported_attn2(l);
+      [](nb::handle use_o_norm, nb::handle use_o_gate, nb::handle head_dim, nb::handle num_heads,
+         nb::handle num_kv_heads, nb::handle scaling, nb::handle eps) {
+        return reason_or_check(
+            [&] {
+              Attn2Layer l;
+              l.use_o_norm = truth_arg(use_o_norm, "layer.use_o_norm");
+              l.use_o_gate = truth_arg(use_o_gate, "layer.use_o_gate");
+              l.head_dim = int_arg(head_dim, "layer.head_dim");
+              l.num_heads = int_arg(num_heads, "layer.num_heads");
+              l.num_kv_heads = int_arg(num_kv_heads, "layer.num_kv_heads");
+              l.scaling = float_arg(scaling, "layer.scaling");
+              l.rms_norm_eps = float_arg(eps, "layer.rms_norm_eps");
+              return l;
+            },
+            [](const Attn2Layer& l) { return unsupported_attn2(l); });
       },
       nb::sig("def unsupported_attn2(use_o_norm: bool, use_o_gate: bool, head_dim: int, num_heads: int, num_kv_heads: "
               "int, scaling: float, rms_norm_eps: float) -> str | None"),
-      "use_o_norm"_a, "use_o_gate"_a, "head_dim"_a.none(), "num_heads"_a.none(), "num_kv_heads"_a.none(), "scaling"_a,
-      "rms_norm_eps"_a);
+      "use_o_norm"_a.none(), "use_o_gate"_a.none(), "head_dim"_a.none(), "num_heads"_a.none(),
+      "num_kv_heads"_a.none(), "scaling"_a.none(), "rms_norm_eps"_a.none());
   m.def(
       "attn2",
       [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
          nb::handle out, nb::handle workspace, nb::handle max_model_len, nb::handle window, nb::handle num_splits,
-         bool pdl) {
+         nb::handle pdl) {
         const Attn2Args a = attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window,
                                        num_splits, pdl);
         attn2(a, current_stream(a.kv_cache.device));
@@ -102,7 +106,7 @@ void bind_attn2(nb::module_& m) {
               "seq_lens: torch.Tensor, out: torch.Tensor, workspace: torch.Tensor | None, max_model_len: int, window: "
               "int, num_splits: int, pdl: bool = True) -> torch.Tensor"),
       "q"_a.none(), "gate"_a.none(), "kv_cache"_a.none(), "block_table"_a.none(), "seq_lens"_a.none(), "out"_a.none(),
-      "workspace"_a.none(), "max_model_len"_a.none(), "window"_a.none(), "num_splits"_a.none(), "pdl"_a = true,
+      "workspace"_a.none(), "max_model_len"_a.none(), "window"_a.none(), "num_splits"_a.none(), "pdl"_a.none() = true,
       "out = bf16(sigmoid(gate) * rmsnorm(softmax(scale q K^T) V)) for the 8 query rows of every request and\n"
       "every KV head of the rank, in one launch on torch's current stream (programmatic dependent launch\n"
       "unless pdl=False). seq_lens and block_table are read on the GPU, so the call is graph-capturable\n"
@@ -112,7 +116,7 @@ void bind_attn2(nb::module_& m) {
       "unsupported_attn2_call",
       [](nb::handle q, nb::handle gate, nb::handle kv_cache, nb::handle block_table, nb::handle seq_lens,
          nb::handle out, nb::handle workspace, nb::handle max_model_len, nb::handle window, nb::handle num_splits,
-         bool pdl) {
+         nb::handle pdl) {
         return reason_or_check(
             [&] {
               return attn2_args(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window,
@@ -124,9 +128,9 @@ void bind_attn2(nb::module_& m) {
               "torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, workspace: torch.Tensor | None, max_model_len: "
               "int, window: int, num_splits: int, pdl: bool = True) -> str | None"),
       "q"_a.none(), "gate"_a.none(), "kv_cache"_a.none(), "block_table"_a.none(), "seq_lens"_a.none(), "out"_a.none(),
-      "workspace"_a.none(), "max_model_len"_a.none(), "window"_a.none(), "num_splits"_a.none(), "pdl"_a = true,
+      "workspace"_a.none(), "max_model_len"_a.none(), "window"_a.none(), "num_splits"_a.none(), "pdl"_a.none() = true,
       "Why attn2 does not take this call (the argument, the expected and the actual value: the text attn2\n"
-      "raises), or None.");
+      "raises), or None; an argument of any type gets a reason, never an exception.");
   nb::class_<BoundAttn2>(m, "Attn2",
                          "attn2 bound to a layer's KV cache and workspace (or None when num_splits == 1) and the\n"
                          "deployment's max_model_len, window and num_splits, checked once here, where the cache's\n"
@@ -148,16 +152,17 @@ void bind_attn2(nb::module_& m) {
       .def(
           "__call__",
           [](const BoundAttn2& b, nb::handle q, nb::handle gate, nb::handle block_table, nb::handle seq_lens,
-             nb::handle out, bool pdl) {
+             nb::handle out, nb::handle pdl) {
             const Attn2Args a =
                 b.op.args(tensor_ref(q, "q"), tensor_ref(gate, "gate"), tensor_ref(block_table, "block_table"),
-                          tensor_ref(seq_lens, "seq_lens"), tensor_ref(out, "out"), pdl);
+                          tensor_ref(seq_lens, "seq_lens"), tensor_ref(out, "out"), bool_arg(pdl, "pdl"));
             attn2(a, current_stream(a.kv_cache.device));
             return nb::borrow(out);
           },
           nb::sig("def __call__(self, q: torch.Tensor, gate: torch.Tensor, block_table: torch.Tensor, seq_lens: "
                   "torch.Tensor, out: torch.Tensor, pdl: bool = True) -> torch.Tensor"),
-          "q"_a.none(), "gate"_a.none(), "block_table"_a.none(), "seq_lens"_a.none(), "out"_a.none(), "pdl"_a = true,
+          "q"_a.none(), "gate"_a.none(), "block_table"_a.none(), "seq_lens"_a.none(), "out"_a.none(),
+          "pdl"_a.none() = true,
           "attn2 with the bound cache, workspace and sizes, on torch's current stream. Returns out.");
 }
 

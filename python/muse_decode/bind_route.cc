@@ -16,16 +16,24 @@ using namespace nb::literals;
 namespace muse_decode::python {
 
 namespace {
-RouterDesc router_desc(const std::string& normalization, nb::handle top_k, nb::handle num_experts,
-                       std::optional<double> multiplier, double eps, nb::handle bias, double scale) {
+// The router's attributes, named as vLLM's router carries them (the caller,
+// muse_decode.routing, reads them off the router object in this order).
+RouterDesc router_desc(nb::handle normalization, nb::handle top_k, nb::handle num_experts, nb::handle multiplier,
+                       nb::handle eps, nb::handle bias, nb::handle scale) {
   RouterDesc r;
-  r.score_normalization = normalization;
-  r.top_k = int_arg(top_k, "top_k");
-  r.num_experts = int_arg(num_experts, "num_experts");
-  r.output_multiplier = multiplier;
-  r.division_eps = eps;
-  r.expert_bias = tensor_ref(bias, "expert_bias");
-  r.route_scale = scale;
+  // Any object reads as its text, as the stock path compares it.
+  nb::object text = nb::steal(PyObject_Str(normalization.ptr()));
+  if (!text.is_valid()) {
+    PyErr_Clear();
+    throw std::invalid_argument("router.router_score_normalization must be a string, got an object without one");
+  }
+  r.score_normalization = str_arg(text, "router.router_score_normalization");
+  r.top_k = int_arg(top_k, "router.top_k");
+  r.num_experts = int_arg(num_experts, "router.global_num_experts");
+  r.output_multiplier = optional_float_arg(multiplier, "router.router_output_multiplier");
+  r.division_eps = float_arg(eps, "router.router_score_division_eps");
+  r.expert_bias = tensor_ref(bias, "router.expert_bias");
+  r.route_scale = float_arg(scale, "router.route_scale");
   return r;
 }
 
@@ -44,16 +52,16 @@ std::optional<RoutingMetadata> routing_metadata(nb::handle metadata) {
                          int_arg(PyTuple_GET_ITEM(m, 3), "metadata.tile_n")};
 }
 
-RouteArgs route_args(nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
-                     nb::handle metadata, bool pdl) {
+RouteArgs route_args(nb::handle logits, nb::handle expert_bias, nb::handle route_scale, nb::handle ids,
+                     nb::handle weights, nb::handle metadata, nb::handle pdl) {
   RouteArgs a;
   a.logits = tensor_ref(logits, "logits");
   a.expert_bias = tensor_ref(expert_bias, "expert_bias");
-  a.route_scale = route_scale;
+  a.route_scale = float_arg(route_scale, "route_scale");
   a.ids = tensor_ref(ids, "ids");
   a.weights = tensor_ref(weights, "weights");
   a.metadata = routing_metadata(metadata);
-  a.pdl = pdl;
+  a.pdl = bool_arg(pdl, "pdl");
   return a;
 }
 }  // namespace
@@ -74,14 +82,18 @@ void bind_route(nb::module_& m) {
       "tile_n"_a.none());
   m.def(
       "unsupported_router",
-      [](const std::string& normalization, nb::handle top_k, nb::handle num_experts, std::optional<double> multiplier,
-         double eps, nb::handle bias, double scale) {
-        return unsupported_router(router_desc(normalization, top_k, num_experts, multiplier, eps, bias, scale));
+      [](nb::handle normalization, nb::handle top_k, nb::handle num_experts, nb::handle multiplier, nb::handle eps,
+         nb::handle bias, nb::handle scale) {
+        return reason_or_check(
+            [&] { return router_desc(normalization, top_k, num_experts, multiplier, eps, bias, scale); },
+            [](const RouterDesc& r) { return unsupported_router(r); });
       },
-      nb::sig("def unsupported_router(score_normalization: str, top_k: int, num_experts: int, output_multiplier: float "
-              "| None, division_eps: float, expert_bias: torch.Tensor | None, route_scale: float) -> str | None"),
-      "score_normalization"_a, "top_k"_a.none(), "num_experts"_a.none(), "output_multiplier"_a.none(), "division_eps"_a,
-      "expert_bias"_a.none(), "route_scale"_a);
+      nb::sig("def unsupported_router(router_score_normalization: str, top_k: int, global_num_experts: int, "
+              "router_output_multiplier: float | None, router_score_division_eps: float, expert_bias: torch.Tensor "
+              "| None, route_scale: float) -> str | None"),
+      "router_score_normalization"_a.none(), "top_k"_a.none(), "global_num_experts"_a.none(),
+      "router_output_multiplier"_a.none(), "router_score_division_eps"_a.none(), "expert_bias"_a.none(),
+      "route_scale"_a.none());
   m.def(
       "prepare_route", [](nb::handle device) { prepare_route(int_arg(device, "device")); },
       nb::sig("def prepare_route(device: int = -1) -> None"), "device"_a.none() = -1,
@@ -89,8 +101,8 @@ void bind_route(nb::module_& m) {
       "ValueError on a GPU the kernels were not built for.");
   m.def(
       "route",
-      [](nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
-         nb::handle metadata, bool pdl) {
+      [](nb::handle logits, nb::handle expert_bias, nb::handle route_scale, nb::handle ids, nb::handle weights,
+         nb::handle metadata, nb::handle pdl) {
         const RouteArgs a = route_args(logits, expert_bias, route_scale, ids, weights, metadata, pdl);
         route(a, current_stream(a.expert_bias.device));
         return nb::make_tuple(ids, weights);
@@ -98,8 +110,8 @@ void bind_route(nb::module_& m) {
       nb::sig("def route(logits: torch.Tensor, expert_bias: torch.Tensor, route_scale: float, ids: torch.Tensor, "
               "weights: torch.Tensor, metadata: RoutingMetadata | None = None, pdl: bool = True) -> "
               "tuple[torch.Tensor, torch.Tensor]"),
-      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a, "ids"_a.none(), "weights"_a.none(),
-      "metadata"_a.none() = nb::none(), "pdl"_a = true,
+      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a.none(), "ids"_a.none(), "weights"_a.none(),
+      "metadata"_a.none() = nb::none(), "pdl"_a.none() = true,
       "Route fp32 logits [b, 256] (1 <= b <= 8, 16-byte aligned rows) with the fp32 expert_bias [256] into\n"
       "ids (int32 [b, 8], global expert ids) and weights (fp32 [b, 8]), and with metadata (a\n"
       "RoutingMetadata) the routing metadata of the local experts, on torch's current stream\n"
@@ -107,8 +119,8 @@ void bind_route(nb::module_& m) {
       "before prepare_route on the device, before any launch. Returns (ids, weights).");
   m.def(
       "unsupported_route_call",
-      [](nb::handle logits, nb::handle expert_bias, double route_scale, nb::handle ids, nb::handle weights,
-         nb::handle metadata, bool pdl) {
+      [](nb::handle logits, nb::handle expert_bias, nb::handle route_scale, nb::handle ids, nb::handle weights,
+         nb::handle metadata, nb::handle pdl) {
         return reason_or_check(
             [&] { return route_args(logits, expert_bias, route_scale, ids, weights, metadata, pdl); },
             [](const RouteArgs& a) { return unsupported_route_call(a); });
@@ -116,33 +128,38 @@ void bind_route(nb::module_& m) {
       nb::sig("def unsupported_route_call(logits: torch.Tensor, expert_bias: torch.Tensor, route_scale: float, ids: "
               "torch.Tensor, weights: torch.Tensor, metadata: RoutingMetadata | None = None, pdl: bool = True) -> str "
               "| None"),
-      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a, "ids"_a.none(), "weights"_a.none(),
-      "metadata"_a.none() = nb::none(), "pdl"_a = true,
+      "logits"_a.none(), "expert_bias"_a.none(), "route_scale"_a.none(), "ids"_a.none(), "weights"_a.none(),
+      "metadata"_a.none() = nb::none(), "pdl"_a.none() = true,
       "Why route does not take this call (the argument, the expected and the actual value: the text route\n"
-      "raises), or None.");
+      "raises), or None; an argument of any type gets a reason, never an exception.");
 
   // Subclassed in Python by muse_decode.MuseRouting, whose __call__ is this
-  // one: no Python frame between the user and the launch (host cost, SPEC 7).
+  // one: no Python frame between the user and the launch (host cost).
   nb::class_<MuseRouting>(m, "MuseRouting")
       .def(
           "__init__",
-          [](MuseRouting* self, nb::handle bias, double route_scale) {
-            new (self) MuseRouting(router_desc("sigmoid", nb::int_(kTopK), nb::int_(kNumExperts), std::nullopt,
-                                               kRouteDivisionEps, bias, route_scale));
+          [](MuseRouting* self, nb::handle normalization, nb::handle top_k, nb::handle num_experts,
+             nb::handle multiplier, nb::handle eps, nb::handle bias, nb::handle scale) {
+            new (self) MuseRouting(router_desc(normalization, top_k, num_experts, multiplier, eps, bias, scale));
           },
-          nb::sig("def __init__(self, expert_bias: torch.Tensor, route_scale: float) -> None"), "expert_bias"_a.none(),
-          "route_scale"_a)
+          nb::sig("def __init__(self, router_score_normalization: str, top_k: int, global_num_experts: int, "
+                  "router_output_multiplier: float | None, router_score_division_eps: float, expert_bias: "
+                  "torch.Tensor, route_scale: float) -> None"),
+          "router_score_normalization"_a.none(), "top_k"_a.none(), "global_num_experts"_a.none(),
+          "router_output_multiplier"_a.none(), "router_score_division_eps"_a.none(), "expert_bias"_a.none(),
+          "route_scale"_a.none())
       .def(
           "__call__",
           [](const MuseRouting& self, nb::handle logits, nb::handle ids, nb::handle weights, nb::handle metadata,
-             bool pdl) {
+             nb::handle pdl) {
             self(tensor_ref(logits, "logits"), tensor_ref(ids, "ids"), tensor_ref(weights, "weights"),
-                 routing_metadata(metadata), current_stream(self.expert_bias().device), pdl);
+                 routing_metadata(metadata), current_stream(self.expert_bias().device), bool_arg(pdl, "pdl"));
             return nb::make_tuple(ids, weights);
           },
           nb::sig("def __call__(self, logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, metadata: "
                   "RoutingMetadata | None = None, pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]"),
-          "logits"_a.none(), "ids"_a.none(), "weights"_a.none(), "metadata"_a.none() = nb::none(), "pdl"_a = true);
+          "logits"_a.none(), "ids"_a.none(), "weights"_a.none(), "metadata"_a.none() = nb::none(),
+          "pdl"_a.none() = true);
 }
 
 }  // namespace muse_decode::python

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 from . import _C
-from .constants import HEAD_DIM, HEADS_PER_KV_HEAD
+from ._attributes import attributes
+from .constants import HEAD_DIM
 
 
 def split_qkv(qkv, num_kv_heads: int):
-    """The q and gate column views of the front's output rows [q | k | v | gate]
-    (q and gate: 8 heads of 64 per KV head), keeping qkv's row stride."""
-    q_width = HEADS_PER_KV_HEAD * num_kv_heads * HEAD_DIM
-    kv_width = num_kv_heads * HEAD_DIM
-    if qkv.dim() != 2 or qkv.shape[1] != 2 * q_width + 2 * kv_width:
-        raise ValueError(
-            f"qkv must be [tokens, {2 * q_width + 2 * kv_width}] for {num_kv_heads} KV heads, got {list(qkv.shape)}"
-        )
-    return qkv[:, :q_width], qkv[:, q_width + 2 * kv_width :]
+    """The q and gate column views of qkv_front's output rows [q | k | v |
+    gate] (q and gate: 8 heads of 64 per KV head), keeping qkv's row stride.
+    ValueError naming the argument unless num_kv_heads is 1, 2, 4, 8 or 16 and
+    qkv is [tokens, 2 * (8 + 1) * num_kv_heads * 64]."""
+    k, _, gate, width = _C.qkv_front_columns(num_kv_heads)
+    shape = getattr(qkv, "shape", None)
+    if shape is None:
+        raise ValueError(f"qkv must be a tensor, got {type(qkv).__name__}")
+    if len(shape) != 2 or shape[1] != width:
+        raise ValueError(f"qkv must be [tokens, {width}] for {num_kv_heads} KV heads, got {list(shape)}")
+    return qkv[:, :k], qkv[:, gate:]
 
 
 # The extension's functions and class themselves: no Python frame on the
-# per-call path (host cost, SPEC section 7).
+# per-call path (an op has 5 us of host time in all).
 #   qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace,
 #             pdl=True) -> out: the checked op
 #   unsupported_qkv_front_call(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads,
@@ -41,34 +44,43 @@ qkv_front_workspace_bytes_for_device = _C.qkv_front_workspace_bytes_for_device
 prepare_qkv_front = _C.prepare_qkv_front
 QkvFront = _C.QkvFront
 
-# The seed's names (SPEC sections 6 and 7), the same objects as the names above:
-# launch_qkv_front is the checked op, as in the seed.
+# The seed's names of qkv_front's functions, the same objects as the names
+# above (their docstrings say so): launch_qkv_front is the checked op.
 launch_qkv_front = qkv_front
 supports_call = qkv_front_supports_call
 supports_shape = qkv_front_supports_shape
 
+# What qkv_front reads off a vLLM Muse Spark attention layer before the
+# optional parts (the projection's quantization, bias, gather and TP size,
+# the rotary embedding), which have defaults.
+_ATTN_ATTRIBUTES = ("qkv_proj", "num_heads", "num_kv_heads", "head_dim")
+
 
 def unsupported_projection(attn) -> str | None:
-    """Why the front cannot read this Muse Spark attention layer's loaded QKV
+    """Why qkv_front cannot read this Muse Spark attention layer's loaded QKV
     projection and rotary table (vLLM attributes: qkv_proj.quant_method, bias,
     gather_output, tp_size, weight; num_heads, num_kv_heads, head_dim,
-    use_rope, rotary_emb.rotary_dim / is_neox_style / cos_sin_cache), or None."""
-    proj = attn.qkv_proj
+    use_rope, rotary_emb.rotary_dim / is_neox_style / cos_sin_cache), or None.
+    Any object gets an answer: a missing or unreadable attribute is a reason
+    too."""
+    try:
+        proj, num_heads, num_kv_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
+    except ValueError as e:
+        return str(e)
     quant = getattr(proj, "quant_method", None)
-    quantized = quant is not None and type(quant).__name__ != "UnquantizedLinearMethod"
     emb = getattr(attn, "rotary_emb", None)
     return _C.unsupported_projection(
-        quantized,
+        quant is not None and type(quant).__name__ != "UnquantizedLinearMethod",
         getattr(proj, "bias", None) is not None,
-        bool(getattr(proj, "gather_output", False)),
-        int(getattr(proj, "tp_size", 1)),
+        getattr(proj, "gather_output", False),
+        getattr(proj, "tp_size", 1),
         getattr(proj, "weight", None),
-        int(attn.num_heads),
-        int(attn.num_kv_heads),
-        int(attn.head_dim),
-        bool(getattr(attn, "use_rope", emb is not None)),
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        getattr(attn, "use_rope", emb is not None),
         emb is not None,
-        int(getattr(emb, "rotary_dim", HEAD_DIM)) if emb is not None else HEAD_DIM,
-        bool(getattr(emb, "is_neox_style", False)) if emb is not None else False,
-        getattr(emb, "cos_sin_cache", None) if emb is not None else None,
+        getattr(emb, "rotary_dim", HEAD_DIM),
+        getattr(emb, "is_neox_style", False),
+        getattr(emb, "cos_sin_cache", None),
     )

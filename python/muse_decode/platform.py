@@ -7,7 +7,8 @@ from . import _C
 
 def gpu_family(device: int = -1) -> str | None:
     """'sm90' (H100/H200), 'sm100' (B200/B300 family), 'other', or None when no
-    CUDA device is visible (or the package was built without CUDA)."""
+    CUDA device is visible (or the package was built without CUDA). ValueError
+    naming device unless it is -1 (the current device) or an ordinal >= 0."""
     family = _C.gpu_family(device)
     return None if family == "none" else family
 
@@ -18,6 +19,7 @@ def supported_gpu(device: int = -1) -> bool:
 
 
 def sm90(device: int = -1) -> bool:
+    """Whether this is an SM90 GPU (H100/H200, the tested target)."""
     return gpu_family(device) == "sm90"
 
 

@@ -11,7 +11,9 @@ from .constants import DIVISION_EPS, HEAD_DIM, HEADS_PER_KV_HEAD, PAGE_SIZE, RMS
 
 
 def route(logits, bias, route_scale: float = 1.0):
-    """SPEC section 4 steps 1-5: ids (int32 [b, 8]) and weights (fp32 [b, 8]).
+    """The routing formula of docs/contract.md (sigmoid scores, top-8 of score
+    + bias, weights normalised by the sum of the 8 scores + 1e-15): ids
+    (int32 [b, 8]) and weights (fp32 [b, 8]).
     torch.topk ranks NaN first and breaks ties toward the lower expert, as
     the kernel does; the weights' sum here is torch's reduction order."""
     s = torch.sigmoid(logits)

@@ -183,6 +183,63 @@ std::optional<int> optional_int_arg(nb::handle h, const char* name) {
   return int_arg(h, name);
 }
 
+double float_arg(nb::handle h, const char* name) {
+  PyObject* obj = h.ptr();
+  if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+  // PyFloat_AsDouble takes __float__ or __index__; a str has neither.
+  const double v = PyFloat_AsDouble(obj);
+  if (v == -1.0 && PyErr_Occurred()) {
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+    PyErr_Clear();
+    if (overflow)
+      throw std::invalid_argument(std::string(name) + " must be a number within the range of a double, got " +
+                                  nb::str(h).c_str());
+    throw std::invalid_argument(std::string(name) + " must be a number, got " + nb::type_name(h.type()).c_str());
+  }
+  return v;
+}
+
+std::optional<double> optional_float_arg(nb::handle h, const char* name) {
+  if (h.is_none()) return std::nullopt;
+  return float_arg(h, name);
+}
+
+bool bool_arg(nb::handle h, const char* name) {
+  PyObject* obj = h.ptr();
+  if (obj == Py_True) return true;
+  if (obj == Py_False) return false;
+  if (PyLong_Check(obj)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow == 0 && (v == 0 || v == 1)) return v == 1;
+  }
+  PyErr_Clear();
+  throw std::invalid_argument(std::string(name) + " must be True or False, got " +
+                              (PyLong_Check(obj) ? std::string(nb::str(h).c_str())
+                                                 : std::string(nb::type_name(h.type()).c_str())));
+}
+
+bool truth_arg(nb::handle h, const char* name) {
+  const int v = PyObject_IsTrue(h.ptr());
+  if (v < 0) {
+    PyErr_Clear();
+    throw std::invalid_argument(std::string(name) + " must have a truth value (True or False), got " +
+                                nb::type_name(h.type()).c_str());
+  }
+  return v == 1;
+}
+
+std::string str_arg(nb::handle h, const char* name) {
+  PyObject* obj = h.ptr();
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, &size) : nullptr;
+  if (!text) {
+    PyErr_Clear();
+    throw std::invalid_argument(std::string(name) + " must be a string, got " + nb::type_name(h.type()).c_str());
+  }
+  return std::string(text, static_cast<size_t>(size));
+}
+
 Stream current_stream(int device) {
   static PyObject* get_stream = [] {
     PyObject* torch_c = PyImport_ImportModule("torch._C");

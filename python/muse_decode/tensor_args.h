@@ -1,10 +1,12 @@
 // Translation of Python arguments: tensors (torch.Tensor or any object with
 // the same attributes) into TensorRef views, reading only what the checks
-// need, and integers into C++ ints with a ValueError naming the argument.
+// need, and integers, numbers, flags and strings into C++ values. Every
+// argument that does not translate raises ValueError naming it (nanobind's
+// own casters would answer with a TypeError about the whole signature).
 //
 // Cost matters: Muse Spark runs eagerly and the kernels take 1-10 us, so the
 // whole per-call path has a 5 us budget. DLPack import of 8 tensors costs 27 us
-// (SPEC section 7); reading data_ptr(), dtype, shape, stride() and
+// (measured on the H200 host); reading data_ptr(), dtype, shape, stride() and
 // get_device() through the C API costs a few hundred ns per tensor, so the
 // attributes of a tensor object are memoised (see tensor_ref).
 #pragma once
@@ -42,6 +44,24 @@ TensorRef tensor_ref(nb::handle obj, const char* name);
 int int_arg(nb::handle obj, const char* name);
 // The same, None giving nullopt.
 std::optional<int> optional_int_arg(nb::handle obj, const char* name);
+
+// A real number (float, int or anything with __float__; not a string) as a
+// double: ValueError naming `name` otherwise.
+double float_arg(nb::handle obj, const char* name);
+// The same, None giving nullopt.
+std::optional<double> optional_float_arg(nb::handle obj, const char* name);
+
+// A switch such as pdl: True, False, 1 or 0; ValueError naming `name` for
+// anything else (a string such as "no" is true to Python, so truthiness would
+// turn a typo into the opposite setting).
+bool bool_arg(nb::handle obj, const char* name);
+
+// The truth value of a layer attribute, as Python's `if` reads it; ValueError
+// naming `name` when the object has none (its __bool__ raises).
+bool truth_arg(nb::handle obj, const char* name);
+
+// A str as std::string; ValueError naming `name` otherwise.
+std::string str_arg(nb::handle obj, const char* name);
 
 // What a "why not" binding returns when its arguments do not even translate
 // (not a tensor, an integer outside int32): the text the op would raise, as

@@ -5,7 +5,7 @@ PyTorch). Each is the package's checked op: prepare the device first
 (prepare_route, prepare_attn2, prepare_qkv_front), outside graph capture.
 Eager callers should call the package's functions directly: a
 torch.library.custom_op call costs tens of microseconds of host time
-(SPEC section 7), the direct call a few.
+(42 us measured on the H200 host), the direct call a few.
 
     torch.ops.muse_decode.route(logits, bias, route_scale, ids, weights, metadata, offset, count, tile_n)
     torch.ops.muse_decode.attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits)

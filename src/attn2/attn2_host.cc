@@ -46,15 +46,42 @@ int split_cluster(int num_kv_heads) { return num_kv_heads <= 2 ? 16 : 8; }
 int target_ctas(int cluster) { return cluster == 16 ? 224 : 240; }
 }  // namespace
 
+// The deployment's scalars, each checked where it is taken: they size
+// everything else.
+namespace {
+void check_max_model_len(int max_model_len) {
+  if (max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), max_model_len);
+}
+
+void check_window(int window, int max_model_len) {
+  if (window < 0 || (window != 0 && window >= max_model_len))
+    fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", window);
+}
+
+void check_num_splits(int num_splits) {
+  if (num_splits < 1 || num_splits > kAttn2MaxSplits)
+    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), num_splits);
+}
+
+void check_deployment(int max_model_len, int window, int num_splits) {
+  check_max_model_len(max_model_len);
+  check_window(window, max_model_len);
+  check_num_splits(num_splits);
+}
+}  // namespace
+
 int attn2_window(std::optional<int> sliding_window, int max_model_len) {
-  if (!sliding_window) return 0;
-  if (*sliding_window < 1) fail_expected("sliding_window", "at least 1 (or none)", *sliding_window);
-  if (*sliding_window >= max_model_len) return 0;
+  if (sliding_window && *sliding_window < 1)
+    fail_expected("sliding_window", "at least 1 (or none)", *sliding_window);
+  check_max_model_len(max_model_len);
+  if (!sliding_window || *sliding_window >= max_model_len) return 0;
   return *sliding_window;
 }
 
 int attn2_splits(int max_model_len, int window, int num_kv_heads) {
-  if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
+  check_max_model_len(max_model_len);
+  check_window(window, max_model_len);
+  detail::require_kv_heads(num_kv_heads);
   if (window != 0 || max_model_len <= kAttn2ShortMaxLen) return 1;
   const int cluster = split_cluster(num_kv_heads);
   const int fill = std::max(kMinSplits, target_ctas(cluster) / (cluster * num_kv_heads));
@@ -66,10 +93,9 @@ int attn2_splits(int max_model_len, int window, int num_kv_heads) {
 }
 
 int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits) {
-  if (num_reqs < 1) fail_expected("num_reqs", "at least 1", num_reqs);
-  if (num_kv_heads < 1) fail_expected("num_kv_heads", "at least 1", num_kv_heads);
-  if (num_splits < 1 || num_splits > kAttn2MaxSplits)
-    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), num_splits);
+  if (num_reqs < 1 || num_reqs > kMaxGridYZ) fail_expected("num_reqs", cat("in [1, ", kMaxGridYZ, "]"), num_reqs);
+  detail::require_kv_heads(num_kv_heads);
+  check_num_splits(num_splits);
   if (num_splits == 1) return 0;
   const int64_t pairs = static_cast<int64_t>(num_reqs) * num_kv_heads;
   return detail::attn2_counter_bytes(pairs) + detail::attn2_partial_bytes(pairs * num_splits * kRowsPerPair);
@@ -78,7 +104,9 @@ int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits) {
 std::optional<std::string> unsupported_attn2(const Attn2Layer& layer) {
   if (!(layer.use_o_norm && layer.use_o_gate)) return std::string("the layer has no o-norm with a sigmoid o-gate");
   if (layer.head_dim != kHeadDim) return cat("head_dim ", layer.head_dim, " (the kernel has ", kHeadDim, ")");
-  if (layer.num_kv_heads < 1 || layer.num_heads != kHeadsPerKvHead * layer.num_kv_heads)
+  if (!detail::supported_kv_heads(layer.num_kv_heads))
+    return cat(layer.num_kv_heads, " KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
+  if (layer.num_heads != kHeadsPerKvHead * layer.num_kv_heads)
     return cat(layer.num_heads, " query heads for ", layer.num_kv_heads, " KV heads (the kernel has ",
                kHeadsPerKvHead, " per KV head)");
   if (static_cast<float>(layer.scaling) != kSoftmaxScale)
@@ -105,25 +133,16 @@ void require_rows(const TensorRef& t, std::string_view name, int64_t rows, int64
   require_aligned(t.data, name, 16);
 }
 
-// The deployment's scalars: they size everything else.
-void check_deployment(int max_model_len, int window, int num_splits) {
-  using namespace detail;
-  if (max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), max_model_len);
-  if (window < 0 || (window != 0 && window >= max_model_len))
-    fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", window);
-  if (num_splits < 1 || num_splits > kAttn2MaxSplits)
-    fail_expected("num_splits", cat("in [1, ", kAttn2MaxSplits, "]"), num_splits);
-}
-
 // The cache fixes the KV heads and the device.
 void check_cache(const TensorRef& kv) {
   using namespace detail;
   require_present(kv, "kv_cache");
   require_dtype(kv, "kv_cache", DType::kBFloat16);
   require_cuda(kv, "kv_cache");
-  if (kv.ndim != 4 || kv.shape[0] < 1 || kv.shape[1] < 1 || kv.shape[1] > kMaxGridYZ ||
-      kv.shape[2] != kPageSize || kv.shape[3] != kCacheRowWidth)
+  if (kv.ndim != 4 || kv.shape[0] < 1 || kv.shape[1] < 1 || kv.shape[2] != kPageSize ||
+      kv.shape[3] != kCacheRowWidth)
     fail_expected("kv_cache", cat("[pages, KVH, ", kPageSize, ", ", kCacheRowWidth, "]"), kv.shape_str());
+  if (!supported_kv_heads(kv.shape[1])) fail_expected("kv_cache KV heads", kKvHeadsText, kv.shape[1]);
   if (!kv.contiguous()) fail_expected("kv_cache", "contiguous", "a strided tensor");
   require_aligned(kv.data, "kv_cache", 16);
   if (kv.shape[0] > INT32_MAX) fail_expected("kv_cache pages", "at most 2^31 - 1", kv.shape[0]);

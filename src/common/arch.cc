@@ -34,9 +34,24 @@ bool supported_family(GpuFamily family) {
   return family == GpuFamily::kSm90 || family == GpuFamily::kSm100;
 }
 
+// The ops unavailable() answers for: every op of the library, in the order an
+// unknown name's refusal lists them.
+constexpr const char* kKernels[] = {"route", "attn2", "qkv_front"};
+
 std::string unavailable(const std::string& kernel) {
-  return "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (" + kernel + ")";
+  for (const char* k : kKernels)
+    if (kernel == k) return detail::cat("GPUs other than ", detail::kSupportedGpus, " (", kernel, ")");
+  std::string known;
+  for (const char* k : kKernels) known += detail::cat(known.empty() ? "" : ", ", k);
+  detail::fail_expected("kernel", detail::cat("one of ", known), detail::cat("'", kernel, "'"));
 }
+
+namespace {
+// -1 names the current device; other negative numbers name none.
+void require_device_ordinal(int device) {
+  if (device < -1) detail::fail_expected("device", "-1 (the current device) or an ordinal >= 0", device);
+}
+}  // namespace
 
 #ifdef MUSE_DECODE_WITH_CUDA
 namespace {
@@ -70,6 +85,7 @@ bool properties(int device, cudaDeviceProp* prop, std::string* why) {
 }  // namespace
 
 GpuFamily gpu_family(int device) {
+  require_device_ordinal(device);
   cudaDeviceProp prop;
   if (!properties(device, &prop, nullptr)) return GpuFamily::kNone;
   if (prop.major == 9 && prop.minor == 0) return GpuFamily::kSm90;
@@ -79,6 +95,7 @@ GpuFamily gpu_family(int device) {
 }
 
 std::string describe_device(int device) {
+  require_device_ordinal(device);
   cudaDeviceProp prop;
   std::string why;
   if (!properties(device, &prop, &why)) return why;
@@ -89,6 +106,7 @@ std::string describe_device(int device) {
 // One attribute rather than the whole cudaDeviceProp (which the runtime fills
 // field by field): qkv_front's checks ask for it on a device not yet prepared.
 int sm_count(int device) {
+  require_device_ordinal(device);
   int sms = 0;
   if (!visible_device(device, nullptr)) return 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
@@ -100,6 +118,7 @@ int sm_count(int device) {
 
 namespace detail {
 int resolve_device(int device) {
+  require_device_ordinal(device);
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
     device = 0;
@@ -121,12 +140,24 @@ DeviceScope::~DeviceScope() {
 }
 }  // namespace detail
 #else
-GpuFamily gpu_family(int) { return GpuFamily::kNone; }
-std::string describe_device(int) { return "no CUDA device (this build has no CUDA kernels)"; }
-int sm_count(int) { return 0; }
+GpuFamily gpu_family(int device) {
+  require_device_ordinal(device);
+  return GpuFamily::kNone;
+}
+std::string describe_device(int device) {
+  require_device_ordinal(device);
+  return "no CUDA device (this build has no CUDA kernels)";
+}
+int sm_count(int device) {
+  require_device_ordinal(device);
+  return 0;
+}
 
 namespace detail {
-int resolve_device(int device) { return device < 0 ? 0 : device; }
+int resolve_device(int device) {
+  require_device_ordinal(device);
+  return device < 0 ? 0 : device;
+}
 DeviceScope::DeviceScope(int) {}
 DeviceScope::~DeviceScope() {}
 }  // namespace detail

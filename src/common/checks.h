@@ -62,7 +62,7 @@ std::string cat(const Args&... args) {
 [[noreturn]] inline void fail(const std::string& message) { throw std::invalid_argument(message); }
 
 // Argument names travel as string views: a check that passes builds no string
-// (a call runs some 30 of them; SPEC section 7 gives an op 5 us of host time).
+// (a call runs some 30 of them, and an op has 5 us of host time in all).
 //
 // "<name> must be <expected>, got <actual>": the text (for checks that return
 // a reason), and the throw.
@@ -110,6 +110,16 @@ inline void require_disjoint(const TensorRef& a, std::string_view an, const Tens
   if (overlaps(a, b)) fail(cat(an, " and ", bn, " must not overlap in memory"));
 }
 
+// KV heads per rank that the kernels serve: 16 / TP of Muse Spark's 16, at
+// TP1, 2, 4, 8 and 16. qkv_front's stream-K decomposition and attn2's split
+// heuristic are built and tested for these counts only.
+inline constexpr const char* kKvHeadsText = "one of 1, 2, 4, 8, 16";
+constexpr bool supported_kv_heads(int64_t kvh) { return kvh == 1 || kvh == 2 || kvh == 4 || kvh == 8 || kvh == 16; }
+
+inline void require_kv_heads(int kvh, std::string_view name = "num_kv_heads") {
+  if (!supported_kv_heads(kvh)) fail_expected(name, kKvHeadsText, kvh);
+}
+
 // The returning form of a check: the std::invalid_argument text `check`
 // throws, or nullopt. Every unsupported_<op>_call is its check_<op> through
 // this, so the two never disagree.
@@ -132,7 +142,8 @@ inline void throw_if_cuda_error(int err, std::string_view what) {
 // ---------------------------------------------------------------------------
 // Devices (defined in arch.cc, which sees the CUDA runtime).
 
-// `device`, or the current CUDA device for -1 (0 without CUDA).
+// `device`, or the current CUDA device for -1 (0 without CUDA). Throws
+// std::invalid_argument for device < -1.
 int resolve_device(int device);
 
 // Makes `device` current for its lifetime, then the previous device again.
@@ -147,18 +158,21 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-// What prepare_<op> shares: resolves `device`, refuses a GPU the kernels were
-// not built for (std::invalid_argument naming the op and the device found),
-// then makes the op's state of that device once, with the device current
-// (std::invalid_argument for a device ordinal outside the table). Returns the
-// state; a later call finds it and asks the GPU nothing.
+// The GPUs the kernels are built for, as the refusals name them.
+inline constexpr const char* kSupportedGpus = "SM90 (H100/H200) or the SM100 family (B200/B300)";
+
+// What prepare_<op> shares: resolves `device` (std::invalid_argument below
+// -1), refuses a GPU the kernels were not built for (std::invalid_argument
+// naming the op and what the device is), then makes the op's state of that
+// device once, with the device current (std::invalid_argument for a device
+// ordinal outside the table). Returns the state; a later call finds it and
+// asks the GPU nothing.
 template <typename T, typename Make>
 const T& prepare_device(PerDevice<T>& state, std::string_view op, int device, Make&& make) {
   device = resolve_device(device);
   if (const T* s = state.find(device)) return *s;
   if (!supported_family(gpu_family(device)))
-    fail(cat(op, " cannot run on this machine: ", unavailable(std::string(op)), "; found ",
-             describe_device(device)));
+    fail(cat(op, " runs only on ", kSupportedGpus, "; found: ", describe_device(device)));
   return state.get_or_make(device, [&](int d) {
     DeviceScope scope(d);
     return make(d);

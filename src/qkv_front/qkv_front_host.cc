@@ -16,6 +16,7 @@ using detail::cat;
 using detail::expected_text;
 using detail::fail;
 using detail::fail_expected;
+using detail::require_kv_heads;
 
 namespace {
 
@@ -68,12 +69,6 @@ void require_contiguous_1d(const TensorRef& t, std::string_view name, int64_t le
   if (t.ndim != 1 || t.shape[0] != length || (length > 1 && t.stride[0] != 1))
     fail_expected(name, cat("a contiguous [", length, "] (", what, ")"),
                   cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));
-}
-
-bool valid_kv_heads(int kvh) { return kvh == 1 || kvh == 2 || kvh == 4 || kvh == 8 || kvh == 16; }
-
-void require_kv_heads(int kvh) {
-  if (!valid_kv_heads(kvh)) fail_expected("num_kv_heads", "one of 1, 2, 4, 8, 16", kvh);
 }
 
 int num_tiles(int kvh) { return qkv_width(kvh) / kFrontTileRows; }
@@ -204,7 +199,7 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
 }  // namespace
 
 bool qkv_front_supports_shape(int n, int num_kv_heads) {
-  return valid_kv_heads(num_kv_heads) && n == qkv_width(num_kv_heads);
+  return detail::supported_kv_heads(num_kv_heads) && n == qkv_width(num_kv_heads);
 }
 
 int qkv_front_ctas(int num_kv_heads, int sm_count) {
@@ -226,24 +221,30 @@ int64_t qkv_front_workspace_bytes(int num_kv_heads, int sm_count) {
 
 int64_t qkv_front_workspace_bytes_for_device(int num_kv_heads, int device) {
   device = detail::resolve_device(device);
+  require_kv_heads(num_kv_heads);
   const int sms = sms_of(device);
-  if (sms < 1) fail(cat("qkv_front_workspace_bytes: no CUDA device ", device, " (", describe_device(device), ")"));
+  if (sms < 1)
+    fail(cat("qkv_front_workspace_bytes_for_device needs a CUDA device to size for: ", describe_device(device)));
   return qkv_front_workspace_bytes(num_kv_heads, sms);
 }
 
-QkvViews split_qkv(const TensorRef& qkv, int num_kv_heads) {
+QkvColumns qkv_front_columns(int num_kv_heads) {
   require_kv_heads(num_kv_heads);
   const int64_t q_width = int64_t{kHeadsPerKvHead} * num_kv_heads * kHeadDim;
   const int64_t kv_width = int64_t{num_kv_heads} * kHeadDim;
-  const int64_t n = 2 * q_width + 2 * kv_width;
-  if (!qkv.present() || qkv.ndim != 2 || qkv.shape[1] != n)
-    fail(expected_text("qkv", cat("[tokens, ", n, "] for ", num_kv_heads, " KV heads"), qkv.shape_str()));
+  return QkvColumns{q_width, q_width + kv_width, q_width + 2 * kv_width, 2 * q_width + 2 * kv_width};
+}
+
+QkvViews split_qkv(const TensorRef& qkv, int num_kv_heads) {
+  const QkvColumns c = qkv_front_columns(num_kv_heads);
+  if (!qkv.present() || qkv.ndim != 2 || qkv.shape[1] != c.width)
+    fail(expected_text("qkv", cat("[tokens, ", c.width, "] for ", num_kv_heads, " KV heads"), qkv.shape_str()));
   QkvViews v;
   v.q = qkv;
-  v.q.shape[1] = q_width;
+  v.q.shape[1] = c.k;
   v.gate = qkv;
-  v.gate.shape[1] = q_width;
-  v.gate.data = static_cast<char*>(qkv.data) + (q_width + 2 * kv_width) * qkv.stride[1] * dtype_size(qkv.dtype);
+  v.gate.shape[1] = c.width - c.gate;
+  v.gate.data = static_cast<char*>(qkv.data) + c.gate * qkv.stride[1] * dtype_size(qkv.dtype);
   return v;
 }
 
@@ -254,7 +255,7 @@ std::optional<std::string> unsupported_projection(const ProjectionDesc& a) {
     return cat("a QKV projection that gathers its output over TP ", a.tp_size,
                " (the front writes this rank's columns)");
   if (a.head_dim != kHeadDim) return cat("head_dim ", a.head_dim, " (the front is built for ", kHeadDim, ")");
-  if (!valid_kv_heads(a.num_kv_heads))
+  if (!detail::supported_kv_heads(a.num_kv_heads))
     return cat(a.num_kv_heads, " KV heads per rank (the front serves 1, 2, 4, 8 or 16)");
   if (a.num_heads != kHeadsPerKvHead * a.num_kv_heads)
     return cat(a.num_heads, " query heads for ", a.num_kv_heads, " KV heads (the front needs ", kHeadsPerKvHead,

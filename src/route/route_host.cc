@@ -57,7 +57,8 @@ std::optional<std::string> unsupported_router(const RouterDesc& r) {
   if (static_cast<float>(r.division_eps) != kRouteDivisionEps)
     return cat("router_score_division_eps ", r.division_eps, " (the kernel divides by sum + 1e-15)");
   const TensorRef& b = r.expert_bias;
-  if (!b.present() || b.data == nullptr) return std::string("no expert bias");
+  if (!b.present() || b.data == nullptr)
+    return std::string("a router without an expert bias (the kernel selects by score + an fp32 [256] bias)");
   if (b.dtype != DType::kFloat32)
     return cat("a ", dtype_name(b.dtype), " expert bias (the kernel reads float32)");
   if (b.ndim != 1 || b.shape[0] != kNumExperts)

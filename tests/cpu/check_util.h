@@ -27,9 +27,10 @@ inline void* addr(uintptr_t a) { return reinterpret_cast<void*>(a); }
 // prepare" path and prepare's refusal, with no launch on any machine.
 constexpr int kUnpreparedDevice = 63;
 
-// The text prepare_<op>(device) throws on a device the kernels cannot run.
+// The text prepare_<op>(device) throws on a device the kernels cannot run:
+// the op once, the GPUs it runs on, and what the device is.
 inline std::string prepare_refusal(const std::string& op, int device) {
-  return op + " cannot run on this machine: " + unavailable(op) + "; found " + describe_device(device);
+  return op + " runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: " + describe_device(device);
 }
 
 }  // namespace muse_decode::testing

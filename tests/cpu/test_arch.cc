@@ -1,14 +1,46 @@
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <string>
+
+#include "check_util.h"
 #include "muse_decode/arch.h"
+#include "muse_decode/attn2.h"
+#include "muse_decode/qkv_front.h"
+#include "muse_decode/route.h"
 #include "muse_decode/constants.h"
 #include "muse_decode/tensor.h"
 
 namespace md = muse_decode;
+using muse_decode::testing::error_of;
 
 TEST(Arch, UnavailableNamesTheKernel) {
   EXPECT_EQ(md::unavailable("attn2"),
             "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (attn2)");
+  EXPECT_EQ(md::unavailable("route"), "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (route)");
+  EXPECT_EQ(md::unavailable("qkv_front"),
+            "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (qkv_front)");
+}
+
+TEST(Arch, UnavailableRefusesAnUnknownKernel) {
+  EXPECT_EQ(error_of([] { md::unavailable("bogus"); }),
+            "kernel must be one of route, attn2, qkv_front, got 'bogus'");
+  EXPECT_EQ(error_of([] { md::unavailable(""); }), "kernel must be one of route, attn2, qkv_front, got ''");
+  EXPECT_EQ(error_of([] { md::unavailable("attn2 "); }),
+            "kernel must be one of route, attn2, qkv_front, got 'attn2 '");
+}
+
+TEST(Arch, DeviceQueriesRefuseANegativeOrdinal) {
+  const std::string refusal = "device must be -1 (the current device) or an ordinal >= 0, got -2";
+  EXPECT_EQ(error_of([] { md::gpu_family(-2); }), refusal);
+  EXPECT_EQ(error_of([] { md::describe_device(-2); }), refusal);
+  EXPECT_EQ(error_of([] { md::sm_count(-2); }), refusal);
+  EXPECT_EQ(error_of([] { md::gpu_family(INT_MIN); }),
+            "device must be -1 (the current device) or an ordinal >= 0, got -2147483648");
+  // -1 is the current device, whatever the machine has.
+  EXPECT_NO_THROW(md::gpu_family(-1));
+  EXPECT_NO_THROW(md::describe_device(-1));
+  EXPECT_NO_THROW(md::sm_count(-1));
 }
 
 TEST(Arch, Families) {
@@ -20,6 +52,23 @@ TEST(Arch, Families) {
   // Never throws, whatever the machine has.
   EXPECT_NO_THROW(md::gpu_family());
   EXPECT_FALSE(md::describe_device().empty());
+}
+
+// Every prepare_<op> refuses alike: the op named once, the GPUs it runs on,
+// what the device is; and a negative ordinal other than -1 as an argument.
+TEST(Arch, PrepareRefusalsAreAlike) {
+  using muse_decode::testing::kUnpreparedDevice;
+  const std::pair<const char*, void (*)(int)> ops[] = {
+      {"route", md::prepare_route}, {"attn2", md::prepare_attn2}, {"qkv_front", md::prepare_qkv_front}};
+  for (const auto& [op, prepare] : ops) {
+    const std::string why = error_of([&] { prepare(kUnpreparedDevice); });
+    EXPECT_EQ(why, std::string(op) + " runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: " +
+                       md::describe_device(kUnpreparedDevice));
+    EXPECT_EQ(why.find(op), why.rfind(op)) << why;
+    EXPECT_EQ(error_of([&] { prepare(-2); }), "device must be -1 (the current device) or an ordinal >= 0, got -2");
+  }
+  EXPECT_EQ(error_of([] { md::attn2_residency(-3); }),
+            "device must be -1 (the current device) or an ordinal >= 0, got -3");
 }
 
 TEST(Constants, ModelFacts) {

@@ -84,6 +84,9 @@ TEST(Attn2Sizing, Window) {
   EXPECT_EQ(md::attn2_window(1, 8), 1);
   EXPECT_EQ(error_of([] { md::attn2_window(0, 2048); }), "sliding_window must be at least 1 (or none), got 0");
   EXPECT_EQ(error_of([] { md::attn2_window(-5, 2048); }), "sliding_window must be at least 1 (or none), got -5");
+  // max_model_len is checked whether or not the layer has a window.
+  EXPECT_EQ(error_of([] { md::attn2_window(2048, -5); }), "max_model_len must be at least 8, got -5");
+  EXPECT_EQ(error_of([] { md::attn2_window(std::nullopt, 7); }), "max_model_len must be at least 8, got 7");
 }
 
 TEST(Attn2Sizing, Splits) {
@@ -96,14 +99,29 @@ TEST(Attn2Sizing, Splits) {
   EXPECT_EQ(md::attn2_splits(131072, 0, 1), 14);
   EXPECT_EQ(md::attn2_splits(4096, 0, 2), 2);      // 32 groups of 128 keys: 2 clusters of 16
   EXPECT_EQ(md::attn2_splits(2049, 0, 2), 2);      // 17 groups
-  EXPECT_EQ(md::attn2_splits(131072, 0, 64), 2);
   for (int mml : {2049, 4096, 8192, 32768, 131072, 1 << 20})
-    for (int kvh : {1, 2, 4, 8, 16, 32}) {
+    for (int kvh : {1, 2, 4, 8, 16}) {
       const int s = md::attn2_splits(mml, 0, kvh);
       EXPECT_GE(s, 1);
       EXPECT_LE(s, md::kAttn2MaxSplits);
     }
-  EXPECT_EQ(error_of([] { md::attn2_splits(8192, 0, 0); }), "num_kv_heads must be at least 1, got 0");
+}
+
+TEST(Attn2Sizing, SplitsCheckEveryArgument) {
+  EXPECT_EQ(error_of([] { md::attn2_splits(-5, 0, 2); }), "max_model_len must be at least 8, got -5");
+  EXPECT_EQ(error_of([] { md::attn2_splits(7, 0, 2); }), "max_model_len must be at least 8, got 7");
+  EXPECT_EQ(error_of([] { md::attn2_splits(32768, -1, 2); }),
+            "window must be 0 or in [1, max_model_len) (see attn2_window), got -1");
+  EXPECT_EQ(error_of([] { md::attn2_splits(2048, 2048, 2); }),
+            "window must be 0 or in [1, max_model_len) (see attn2_window), got 2048");
+  // The KV heads of a rank of Muse Spark's 16: the heuristic and the kernels
+  // are built for these.
+  for (int kvh : {-1, 0, 3, 5, 12, 32, 64})
+    EXPECT_EQ(error_of([&] { md::attn2_splits(32768, 0, kvh); }),
+              "num_kv_heads must be one of 1, 2, 4, 8, 16, got " + std::to_string(kvh));
+  // Checked on the short and windowed paths too, which need no heuristic.
+  EXPECT_EQ(error_of([] { md::attn2_splits(2048, 0, 3); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+  EXPECT_EQ(error_of([] { md::attn2_splits(131072, 2048, 0); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 0");
 }
 
 TEST(Attn2Sizing, WorkspaceBytes) {
@@ -112,9 +130,15 @@ TEST(Attn2Sizing, WorkspaceBytes) {
   // counters padded to 256 bytes, then (m, l) and 64 floats per row and slice.
   EXPECT_EQ(md::attn2_workspace_bytes(1, 2, 16), 256 + 2 * 16 * 64 * 66 * 4);
   EXPECT_EQ(md::attn2_workspace_bytes(8, 16, 2), 128 * 16 * 4 + 128 * 2 * 64 * 66 * 4);
-  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(0, 2, 4); }), "num_reqs must be at least 1, got 0");
-  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 0, 4); }), "num_kv_heads must be at least 1, got 0");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(0, 2, 4); }), "num_reqs must be in [1, 65535], got 0");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(-3, 2, 4); }), "num_reqs must be in [1, 65535], got -3");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(65536, 2, 4); }), "num_reqs must be in [1, 65535], got 65536");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 0, 4); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 0");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 3, 8); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 2, 33); }), "num_splits must be in [1, 32], got 33");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 2, 0); }), "num_splits must be in [1, 32], got 0");
+  // Every argument is checked even where the answer is 0.
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 3, 1); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
 }
 
 TEST(Attn2Sizing, UnsupportedLayer) {
@@ -133,6 +157,10 @@ TEST(Attn2Sizing, UnsupportedLayer) {
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.head_dim = 128; }), "head_dim 128 (the kernel has 64)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 12; }),
             "12 query heads for 2 KV heads (the kernel has 8 per KV head)");
+  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 24, l.num_kv_heads = 3; }),
+            "3 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
+  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 0, l.num_kv_heads = 0; }),
+            "0 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.scaling = 0.125; }),
             "softmax scale 0.125 (the kernel is built for 0.6841258107984375)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.rms_norm_eps = 1e-6; }),
@@ -212,6 +240,10 @@ TEST(Attn2Check, CacheReasons) {
   EXPECT_EQ(c.check(), "kv_cache must be [pages, KVH, 16, 128], got [1000, 2, 16, 64]");
   c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 2, 32, 128});
   EXPECT_EQ(c.check(), "kv_cache must be [pages, KVH, 16, 128], got [1000, 2, 32, 128]");
+  c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 3, 16, 128});
+  EXPECT_EQ(c.check(), "kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 3");
+  c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 32, 16, 128});
+  EXPECT_EQ(c.check(), "kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 32");
   c = Call();
   c.a.kv_cache.stride[0] *= 2;
   EXPECT_EQ(c.check(), "kv_cache must be contiguous, got a strided tensor");

@@ -151,6 +151,21 @@ TEST(QkvFrontShape, SplitQkvViews) {
             "qkv must be [tokens, 2304] for 2 KV heads, got [8, 2048]");
   EXPECT_EQ(error_of([] { md::split_qkv(md::make_tensor(addr(0x1000), DType::kBFloat16, {2304}), 2); }),
             "qkv must be [tokens, 2304] for 2 KV heads, got [2304]");
+  EXPECT_EQ(error_of([] { md::split_qkv(md::make_tensor(addr(0x1000), DType::kBFloat16, {8, 2592}), 3); }),
+            "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+}
+
+TEST(QkvFrontShape, Columns) {
+  for (int kvh : {1, 2, 4, 8, 16}) {
+    const md::QkvColumns c = md::qkv_front_columns(kvh);
+    EXPECT_EQ(c.k, 8 * kvh * 64) << kvh;
+    EXPECT_EQ(c.v, c.k + kvh * 64) << kvh;
+    EXPECT_EQ(c.gate, c.v + kvh * 64) << kvh;
+    EXPECT_EQ(c.width, md::qkv_width(kvh)) << kvh;
+  }
+  for (int kvh : {-2, 0, 3, 32})
+    EXPECT_EQ(error_of([&] { md::qkv_front_columns(kvh); }),
+              "num_kv_heads must be one of 1, 2, 4, 8, 16, got " + std::to_string(kvh));
 }
 
 TEST(QkvFrontChecks, UnsupportedProjectionReasons) {
@@ -443,8 +458,14 @@ TEST(QkvFrontDevice, TheOpNeedsPrepareFirst) {
 TEST(QkvFrontDevice, PrepareRefusesADeviceTheKernelsCannotRun) {
   EXPECT_EQ(error_of([] { md::prepare_qkv_front(kUnpreparedDevice); }),
             prepare_refusal("qkv_front", kUnpreparedDevice));
+  // Said once: what the function needs, then what the device is.
   EXPECT_EQ(error_of([] { md::qkv_front_workspace_bytes_for_device(2, kUnpreparedDevice); }),
-            "qkv_front_workspace_bytes: no CUDA device 63 (" + md::describe_device(kUnpreparedDevice) + ")");
+            "qkv_front_workspace_bytes_for_device needs a CUDA device to size for: " +
+                md::describe_device(kUnpreparedDevice));
+  EXPECT_EQ(error_of([] { md::qkv_front_workspace_bytes_for_device(3, kUnpreparedDevice); }),
+            "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+  EXPECT_EQ(error_of([] { md::qkv_front_workspace_bytes_for_device(2, -2); }),
+            "device must be -1 (the current device) or an ordinal >= 0, got -2");
 }
 
 TEST(QkvFrontDevice, TheBoundFormChecksItsTensorsThenPrepares) {

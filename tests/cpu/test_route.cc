@@ -134,7 +134,8 @@ TEST(RouteChecks, UnsupportedRouterReasons) {
   EXPECT_EQ(*md::unsupported_router(r), "an expert bias in host memory");
   r = good_router();
   r.expert_bias = TensorRef{};
-  EXPECT_EQ(*md::unsupported_router(r), "no expert bias");
+  EXPECT_EQ(*md::unsupported_router(r),
+            "a router without an expert bias (the kernel selects by score + an fp32 [256] bias)");
   r = good_router();
   r.top_k = 4;
   EXPECT_EQ(error_of([&] { md::MuseRouting routing(r); }),
@@ -296,8 +297,8 @@ TEST(RouteDevice, PrepareRefusesADeviceTheKernelsCannotRun) {
   EXPECT_EQ(why, prepare_refusal("route", kUnpreparedDevice));
   if (!md::built_with_cuda()) {
     EXPECT_EQ(why,
-              "route cannot run on this machine: GPUs other than SM90 (H100/H200) or the SM100 family "
-              "(B200/B300) (route); found no CUDA device (this build has no CUDA kernels)");
+              "route runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: no CUDA device (this "
+              "build has no CUDA kernels)");
   }
   // The bound form prepares the bias's device when it is built.
   md::RouterDesc r = good_router();

@@ -33,10 +33,10 @@ SEED_NAMES = [  # every name of the seed's module (shared/reference/seed-cute_op
     "MuseRouting", "RoutingMetadata", "attn2_splits", "attn2_window", "attn2_workspace_bytes", "sm100_family",
     "split_qkv", "supports_call", "unavailable", "unsupported_attn2", "unsupported_projection", "unsupported_router",
 ]
-SPEC_NAMES = [  # SPEC section 7's list beyond the seed's
+SPEC_NAMES = [  # the contract's list of Python names beyond the seed's (docs/contract.md)
     "attn2", "prepare_attn2", "launch_qkv_front", "fold_router_output_multiplier", "metadata_size", "gpu_family",
 ]
-OP_NAMES = [  # the API shape every op shares (SPEC section 3), by op
+OP_NAMES = [  # the API shape every op shares, by op
     "route", "unsupported_route_call", "prepare_route", "MuseRouting",
     "attn2", "unsupported_attn2_call", "prepare_attn2", "Attn2",
     "qkv_front", "unsupported_qkv_front_call", "prepare_qkv_front", "QkvFront",
@@ -47,7 +47,8 @@ UNPREPARED = 63  # a device ordinal no test prepares and no machine has
 
 
 def prepare_text(op):
-    return f"{op} cannot run on this machine: {md.unavailable(op)}; found {md._C.describe_device(UNPREPARED)}"
+    return (f"{op} runs only on SM90 (H100/H200) or the SM100 family (B200/B300); "
+            f"found: {md._C.describe_device(UNPREPARED)}")
 
 
 def test_seed_and_spec_names():
@@ -63,6 +64,35 @@ def test_seed_names_are_aliases_of_the_op_named_ones():
     assert not hasattr(md, "unsupported_call")  # unsupported_qkv_front_call names its op
 
 
+def test_the_seed_names_say_they_are_qkv_fronts():
+    """supports_call, supports_shape and launch_qkv_front are qkv_front's: the
+    objects' docstrings say so, and the documented names carry the op's."""
+    for seed, documented in [("supports_call", "qkv_front_supports_call"),
+                             ("supports_shape", "qkv_front_supports_shape"), ("launch_qkv_front", "qkv_front")]:
+        doc = getattr(md, seed).__doc__
+        assert doc.splitlines()[0].startswith(documented + "("), doc
+        assert "qkv_front" in doc.split("\n\n", 1)[1] and seed in doc, doc
+        assert documented in md.__all__ and seed in md.__all__
+    assert "launch_qkv_front" in md.__doc__ and "supports_call" in md.__doc__ and "supports_shape" in md.__doc__
+
+
+def test_docstrings_say_the_thing_itself():
+    """No docstring of the package cites a SPEC section (the SPEC is not part
+    of the repository)."""
+    import muse_decode.attention
+    import muse_decode.constants
+    import muse_decode.front
+    import muse_decode.platform
+    import muse_decode.routing
+
+    modules = [md, md.attention, md.constants, md.front, md.platform, md.routing]
+    docs = [m.__doc__ for m in modules] + [getattr(md, name).__doc__ for name in md.__all__]
+    docs += [f.__doc__ for f in [md.MuseRouting.__call__, md.Attn2.__call__, md.QkvFront.__call__,
+                                 md.RoutingMetadata.fields]]
+    for doc in filter(None, docs):
+        assert "SPEC" not in doc, doc
+
+
 def test_pdl_is_the_default_everywhere():
     for f in [md.route, md.attn2, md.qkv_front, md.MuseRouting.__call__, md.Attn2.__call__, md.QkvFront.__call__]:
         assert "pdl: bool = True" in f.__doc__.splitlines()[0], f.__doc__.splitlines()[0]
@@ -76,8 +106,8 @@ def test_prepare_refuses_a_device_the_kernels_cannot_run(op):
     assert str(e.value) == prepare_text(op)
     if not md._C.built_with_cuda():
         assert str(e.value) == (
-            f"{op} cannot run on this machine: GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) "
-            f"({op}); found no CUDA device (this build has no CUDA kernels)"
+            f"{op} runs only on SM90 (H100/H200) or the SM100 family (B200/B300); "
+            "found: no CUDA device (this build has no CUDA kernels)"
         )
     with pytest.raises(ValueError) as e:
         prepare(device=UNPREPARED)
@@ -295,7 +325,8 @@ def test_front_names_and_shapes():
     assert md.qkv_front_workspace_bytes(2, 132) == 256 + (36 + 131) * 4096
     with pytest.raises(ValueError) as e:
         md.qkv_front_workspace_bytes_for_device(2, UNPREPARED)
-    assert str(e.value) == f"qkv_front_workspace_bytes: no CUDA device 63 ({md._C.describe_device(UNPREPARED)})"
+    assert str(e.value) == ("qkv_front_workspace_bytes_for_device needs a CUDA device to size for: "
+                            f"{md._C.describe_device(UNPREPARED)}")
     assert not md.qkv_front_supports_shape(2304, 4) and not md.qkv_front_supports_shape(2300, 2)
 
 
