@@ -1,22 +1,23 @@
-"""What exp2 on bf16 inputs would cost attn2's accuracy (CPU only, numpy).
+"""The attention error of exp2 on bf16 inputs against attn2's fp32 exp2 (CPU only, numpy).
 
-The one-cluster-per-KV-head design sketched in bench/NOTES-attn2.md
-(twenty-second session) is MUFU-bound per SM; `ex2.approx.ftz.bf16x2` would
-take two exponentials per MUFU issue, but its input (s * c - m * c) would be
-rounded to bf16 first. This compares, for rows of 64 query rows against L
-random keys (q, k RMS-normed and bf16 as SPEC 3 has them, a few keys equal to
-some q rows so that some rows are peaked, V bf16), the attention output with
-P = bf16(exp2(x)) (the kernel today: fp32 exp2, P rounded to bf16 for P V)
-and with P = bf16(exp2(bf16(x))), against float64. Prints the worst relative
-RMS error per row so far (the correctness bar is 5e-3 per row and head, for
-the whole op).
+The design question (docs/attn2.md, "Designs measured and set aside"):
+whether attn2's softmax could take its exponentials as `ex2.approx.ftz.bf16x2`,
+two per MUFU issue, whose input (s * c - m * c) is rounded to bf16 first.
+For 64 query rows against L random keys (L = 2048, 8192, 32768; three
+trials each; q and k RMS-normed and bf16, a few keys equal to some q rows so
+that some rows are peaked, V bf16), this computes the attention output with
+P = bf16(exp2(x)) (attn2: fp32 exp2, P rounded to bf16 for P V) and with
+P = bf16(exp2(bf16(x))), both against float64.
 
   python3 bench/micro/bf16_exp2_error.py
+
+One line per L and trial: the worst relative RMS error of a row so far, for
+each form. attn2's accuracy bar is 5e-3 per row and head, for the whole op.
 """
 
 import numpy as np
 
-SCALE_LOG2 = 0.6841258107984375 * 1.4426950408889634  # softmax scale x log2(e), as in attn2.cu
+SCALE_LOG2 = 0.6841258107984375 * 1.4426950408889634  # softmax scale x log2(e), attn2's kScaleLog2 (config.cuh)
 
 
 def bf16(x):

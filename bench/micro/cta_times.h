@@ -1,7 +1,8 @@
-// The micro-benchmarks' timing of one launch: CTA c stores its start and end
-// (%globaltimer, ns) at out[2c] and out[2c + 1]. Per launch, the median CTA's
-// end - start and the span from the first start to the last end; the median
-// of either over the launches. In us.
+// Per-CTA timing of one launch, for dsmem.cu and dsmem_push.cu: CTA c stores
+// its start and end (%globaltimer, ns) at out[2c] and out[2c + 1]; add() takes
+// one launch's stamps and keeps, in us, the median CTA's end - start (each)
+// and the span from the first start to the last end (span). A program prints
+// the median of either over its launches (median()).
 #pragma once
 
 #include <algorithm>

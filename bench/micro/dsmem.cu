@@ -1,36 +1,59 @@
-// The cost of attn2's cluster merge pattern in isolation: 14 clusters of 16
-// CTAs (2 per SM, ~100 KB of shared memory each, as attn2 at TP8), every CTA
-// holding a 64-row x 64-column fp32 state; after a cluster barrier, CTA r
-// reads its 4 rows' 64 columns from every rank (16 threads per row, one
-// 16-byte load per rank per thread) and sums them. Variants change who loads
-// what; the kernel is timed from the barrier to the end of the loads
-// (%globaltimer, the slowest CTA), median over launches.
+// The time of attn2's cluster merge done as a pull (remote loads of every
+// rank's rows after a cluster barrier), by threads, ranks and bytes per load.
+//
+// docs/attn2.md sets the pull aside for the push that dsmem_push.cu times.
+// Here 14 clusters of 16 CTAs (2 per SM, 100 KB of shared memory each, as
+// attn2's TP8 grid) or 2 clusters, every CTA holding a 64-row x 64-column fp32
+// state; after the barrier, CTA r reads its 4 rows' 64 columns from every rank
+// (16 threads per row, one 16-byte load per rank per thread: 16 KB per CTA)
+// and sums them. The variants (the list above `merge`) change who loads what
+// and how many bytes; the one marked "(attn2)" is the pattern just described.
+//
+//   cmake --build build --target dsmem && build/dsmem
+//
+// One line per variant and grid (224, then 32 CTAs): "per CTA" is the median
+// over CTAs of the time from the barrier's exit to the end of the CTA's loads
+// (%globaltimer), "span" the first CTA's barrier exit to the last CTA's end;
+// each the median over 30 launches, in us. The last line is the device's
+// error state ("no error").
 #include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <vector>
-#include <cuda_runtime.h>
 
 #include "cta_times.h"
+#include "ptx.cuh"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kStride = 68, kSmem = 100 * 1024;
 
-__device__ unsigned long long ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ float4 ld_remote(const float* p, int rank) {
-  uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p)), r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+namespace ptx = muse_decode::ptx;
+
+// Kept here, not in ptx.cuh: the product merges by pushing (st.async) and
+// never loads through the cluster's shared-memory window.
+__device__ __forceinline__ float4 ld_cluster_v4_f32(uint32_t remote) {
   float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+// The 8-byte form, kept here for the same reason.
+__device__ __forceinline__ float2 ld_cluster_v2_f32(uint32_t remote) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
   return v;
 }
 
-// kMode 0: 64 threads, 16 ranks (attn2); 1: 64 threads, 8 ranks; 2: 256 threads, 4 ranks each (all 16 ranks
-// covered); 3: 64 threads, own rank 16 times; 4: 64 threads, 16 ranks, 8-byte loads (half the bytes);
+__device__ float4 ld_remote(const float* p, int rank) {
+  return ld_cluster_v4_f32(ptx::map_to_rank(ptx::smem_addr(p), rank));
+}
+
+// kMode 0: 64 threads, 16 ranks ("attn2"); 1: 64 threads, 8 ranks; 2: 256 threads, 4 ranks each (all 16
+// ranks covered); 3: 64 threads, own rank 16 times; 4: 64 threads, 16 ranks, 8-byte loads (half the bytes);
 // 5: no loads (barrier only)
 template <int kMode>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 2) merge(unsigned long long* out, float* sink) {
@@ -39,7 +62,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 2) merge
   const int rank = static_cast<int>(cluster.block_rank());
   for (int i = threadIdx.x; i < kRows * kStride; i += 256) sm[i] = i * 1e-3f + rank;
   cluster.sync();
-  const unsigned long long t0 = ns();
+  const unsigned long long t0 = ptx::globaltimer();
   float acc = 0.0f;
   const int row = rank * 4 + (threadIdx.x % 64) / 16, d = (threadIdx.x % 16) * 4;
   const float* src = sm + row * kStride + d;
@@ -65,20 +88,16 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 2) merge
     if (threadIdx.x < 64) {
       float2 v[16];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(src)), r;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(k));
-        asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v[k].x), "=f"(v[k].y) : "r"(r) : "memory");
-      }
+      for (int k = 0; k < 16; ++k) v[k] = ld_cluster_v2_f32(ptx::map_to_rank(ptx::smem_addr(src), k));
 #pragma unroll
       for (int k = 0; k < 16; ++k) acc += v[k].x + v[k].y;
     }
   }
   __syncthreads();
-  const unsigned long long t1 = ns();
+  const unsigned long long t1 = ptx::globaltimer();
   if (acc == 12345.0f) sink[0] = acc;
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  ptx::cluster_arrive_relaxed();
+  ptx::cluster_wait();
   if (threadIdx.x == 0) {
     out[2 * blockIdx.x] = t0;
     out[2 * blockIdx.x + 1] = t1;

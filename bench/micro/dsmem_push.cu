@@ -1,11 +1,23 @@
-// attn2's push merge in isolation: clusters of 16 CTAs (2 per SM, or 1 with
-// --solo), each holding 64 rows of fp16 O (128 B per row) and 64 rows of
-// (m, l, 2^e) (16 B); after a cluster barrier every CTA sends rows
-// [4k, 4k + 4) to rank k and waits on its own mbarrier until its 16 x 576
-// bytes have landed. Variants change how the bytes travel; the kernel is timed
-// from the barrier to the wait's end (%globaltimer): per CTA (median over the
-// CTAs, then over launches) and the span (first barrier exit to last wait end).
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dsmem_push.cu
+// The time of attn2's cluster merge done as a push: every CTA of a cluster
+// of 16 sends each rank its rows and waits until its own have landed, by the
+// mechanism that carries the bytes (st.async, stores, bulk copies, or a pull).
+//
+// Each CTA holds 64 rows of fp16 O (128 B a row) and 64 rows of (m, l, 2^e)
+// (16 B); after a cluster barrier it sends rows [4k, 4k + 4) to rank k and
+// waits on its own mbarrier until its 16 x 576 bytes have arrived (attn2's
+// push: docs/attn2.md, "Merges"). Grids of 2 and 14 clusters, 2 CTAs per SM
+// (100 KB of shared memory each) or 1 (200 KB; 2 clusters only). The modes
+// (the list above `push`) change how the bytes travel and how many there are;
+// "(attn2)" marks attn2's form.
+//
+//   cmake --build build --target dsmem_push && build/dsmem_push
+//
+// One line per mode, grid and CTAs per SM: "per CTA" is the median over CTAs
+// of the time from the barrier's exit to the end of the CTA's wait (for the
+// stores, after their second cluster barrier; for the pull, after its loads),
+// by %globaltimer; "span" the first CTA's barrier exit to the last CTA's end;
+// each the median over 35 launches (after 5 of warm-up), in us. The last line
+// is the device's error state ("no error").
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -14,36 +26,47 @@
 #include <vector>
 
 #include "cta_times.h"
+#include "ptx.cuh"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kRowBytes = 128, kMlBytes = 16, kOwned = kRows / kCluster;
 constexpr int kStateBytes = kRows * (kRowBytes + kMlBytes);  // 9216, sent and received by every CTA
 constexpr int kRecv = 16 * 1024;                              // receive area offset
 
-__device__ unsigned long long ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ uint32_t mapa(uint32_t a, int rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ void st_async16(uint32_t dst, uint4 v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+namespace ptx = muse_decode::ptx;
+
+// The 8-byte st.async is kept here, not in ptx.cuh: the product pushes 16 bytes
+// a store (ptx::st_async_v4).
+__device__ __forceinline__ void st_async_v2(uint32_t remote, uint2 v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(remote),
+               "r"(v.x), "r"(v.y), "r"(remote_bar)
                : "memory");
 }
-__device__ void st_async8(uint32_t dst, uint2 v, uint32_t bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(dst),
-               "r"(v.x), "r"(v.y), "r"(bar)
+// Kept here: the product copies no shared memory to another CTA by bulk copy
+// (docs/attn2.md sets the bulk-copy push aside).
+__device__ __forceinline__ void bulk_copy_s2cluster(uint32_t remote, uint32_t src, uint32_t bytes,
+                                                    uint32_t remote_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   remote),
+               "r"(src), "r"(bytes), "r"(remote_bar)
                : "memory");
 }
-__device__ void bulk(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "r"(src), "r"(bytes), "r"(bar)
+// Kept here: the product never stores through the cluster's shared-memory
+// window with generic stores (it pushes by st.async).
+__device__ __forceinline__ void st_cluster_v4(uint32_t remote, uint4 v) {
+  asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
                : "memory");
+}
+// Kept here: the product never loads through the cluster's shared-memory
+// window (its merge is a push).
+__device__ __forceinline__ uint4 ld_cluster_v4(uint32_t remote) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
 }
 
 // Modes (bytes per CTA in brackets):
@@ -56,7 +79,7 @@ __device__ void bulk(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
 // 6 st.async 16 B by 64 threads only (9216)
 // 7 st.async 16 B, a quarter of the bytes (2304)
 // 8 nothing sent (barrier and wait only)
-// 9 st.shared::cluster 16 B (generic stores, attn2's pattern), then a cluster barrier (release, acquire)
+// 9 st.shared::cluster 16 B (plain remote stores), then a cluster barrier (release, acquire) to publish them
 // 10 the same, every store to this CTA itself
 // 11 pull: after the barrier, ld.shared::cluster 16 B of this CTA's rows from every rank, all in flight
 template <int kMode>
@@ -67,17 +90,17 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(
   const int rank = static_cast<int>(cluster.block_rank());
   for (int i = threadIdx.x; i < kStateBytes / 4; i += 256) reinterpret_cast<uint32_t*>(sm)[i] = i * 7 + rank;
   constexpr int kBytes = kMode == 2 ? kStateBytes / 2 : kMode == 7 ? kStateBytes / 4 : kMode >= 8 ? 0 : kStateBytes;
-  const uint32_t b = static_cast<uint32_t>(__cvta_generic_to_shared(&bar));
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
+  const uint32_t b = ptx::smem_addr(&bar);
+  const uint32_t base = ptx::smem_addr(sm);
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kBytes) : "memory");
+    ptx::mbar_init(b, 1);
+    ptx::mbar_arrive_expect_tx(b, kBytes);
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  ptx::fence_proxy_async_smem();
   __syncthreads();
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-  const unsigned long long t0 = ns();
+  ptx::cluster_arrive_release();
+  ptx::cluster_wait();
+  const unsigned long long t0 = ptx::globaltimer();
   if (kMode == 0 || kMode == 2 || kMode == 3 || kMode == 6 || kMode == 7) {
     const int chunks = kBytes / 16, step = kMode == 6 ? 64 : 256;
     if (threadIdx.x < step)
@@ -86,28 +109,32 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(
         // rank's block there
         const int per = max(1, chunks / kCluster), owner = kMode == 3 ? rank : c / per;
         const uint4 v = reinterpret_cast<const uint4*>(sm)[c];
-        st_async16(mapa(base + kRecv + (rank * per + c % per) * 16, owner), v, mapa(b, owner));
+        ptx::st_async_v4(ptx::map_to_rank(base + kRecv + (rank * per + c % per) * 16, owner), v,
+                         ptx::map_to_rank(b, owner));
       }
   } else if (kMode == 1) {
     for (int c = threadIdx.x; c < kBytes / 8; c += 256) {
       const int r = c / 18, owner = r / kOwned;
       const uint2 v = reinterpret_cast<const uint2*>(sm)[c];
-      st_async8(mapa(base + kRecv + (rank * kOwned * 18 + c % (kOwned * 18)) * 8, owner), v, mapa(b, owner));
+      st_async_v2(ptx::map_to_rank(base + kRecv + (rank * kOwned * 18 + c % (kOwned * 18)) * 8, owner), v,
+                  ptx::map_to_rank(b, owner));
     }
   } else if (kMode == 4) {
     if (threadIdx.x < 2 * kCluster) {
       const int k = threadIdx.x % kCluster;
       if (threadIdx.x < kCluster)
-        bulk(mapa(base + kRecv + rank * kOwned * kRowBytes, k), base + k * kOwned * kRowBytes, kOwned * kRowBytes,
-             mapa(b, k));
+        bulk_copy_s2cluster(ptx::map_to_rank(base + kRecv + rank * kOwned * kRowBytes, k),
+                            base + k * kOwned * kRowBytes, kOwned * kRowBytes, ptx::map_to_rank(b, k));
       else
-        bulk(mapa(base + kRecv + kRows * kRowBytes + rank * kOwned * kMlBytes, k),
-             base + kRows * kRowBytes + k * kOwned * kMlBytes, kOwned * kMlBytes, mapa(b, k));
+        bulk_copy_s2cluster(ptx::map_to_rank(base + kRecv + kRows * kRowBytes + rank * kOwned * kMlBytes, k),
+                            base + kRows * kRowBytes + k * kOwned * kMlBytes, kOwned * kMlBytes,
+                            ptx::map_to_rank(b, k));
     }
   } else if (kMode == 5) {
     if (threadIdx.x < kCluster) {
       const int k = threadIdx.x;
-      bulk(mapa(base + kRecv + rank * kOwned * 144, k), base + k * kOwned * 144, kOwned * 144, mapa(b, k));
+      bulk_copy_s2cluster(ptx::map_to_rank(base + kRecv + rank * kOwned * 144, k), base + k * kOwned * 144,
+                          kOwned * 144, ptx::map_to_rank(b, k));
     }
   }
   if (kMode == 9 || kMode == 10) {
@@ -115,13 +142,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(
     for (int c = threadIdx.x; c < kStateBytes / 16; c += 256) {
       const int owner = kMode == 10 ? rank : c / per;
       const uint4 v = reinterpret_cast<const uint4*>(sm)[c];
-      asm volatile("st.shared::cluster.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(mapa(base + kRecv + (rank * per + c % per) * 16,
-                                                                            owner)),
-                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                   : "memory");
+      st_cluster_v4(ptx::map_to_rank(base + kRecv + (rank * per + c % per) * 16, owner), v);
     }
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    ptx::cluster_arrive_release();
+    ptx::cluster_wait();
   } else if (kMode == 11) {
     constexpr int per = kStateBytes / 16 / kCluster;  // 36 chunks from each rank, 576 over 256 threads
     uint4 v[3];
@@ -130,10 +154,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(
     for (int i = 0; i < 3; ++i) {
       const int c = threadIdx.x + i * 256;
       if (c < kStateBytes / 16)
-        asm volatile("ld.shared::cluster.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
-                     : "r"(mapa(base + (rank * per + c % per) * 16, c / per))
-                     : "memory");
+        v[i] = ld_cluster_v4(ptx::map_to_rank(base + (rank * per + c % per) * 16, c / per));
       else
         v[i] = make_uint4(0, 0, 0, 0);
     }
@@ -143,17 +164,15 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(256, 1) push(
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    asm volatile(
-        "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W;\n}" ::"r"(b)
-        : "memory");
-    const unsigned long long t1 = ns();
+    ptx::mbar_wait_spin(b, 0);
+    const unsigned long long t1 = ptx::globaltimer();
     out[2 * blockIdx.x] = t0;
     out[2 * blockIdx.x + 1] = t1;
   }
   __syncthreads();
   // Nobody leaves while a bulk copy may still read its shared memory.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  ptx::cluster_arrive_relaxed();
+  ptx::cluster_wait();
 }
 
 template <int kMode>

@@ -1,14 +1,19 @@
-"""What bench/harness.py's L2 scrub costs the calls it times (attn2, TP8).
+"""What bench/harness.py's L2 scrub (write, read or none) costs the attn2 calls it times (TP8).
 
-The harness empties the L2 before each timed replay. Written as it was (a
-256 MB fill), the scrub leaves ~60 MB of dirty lines whose write-backs share
-the DRAM with the replay's first calls; read (a sum of the same buffer), it
-leaves clean lines. This script times attn2's TP8 shapes through the harness
-with each scrub, and none, in interleaved rounds, with the bench's calls per
-graph and with a single call per graph (where a scrub that does not evict
-would show: the call would find its pages in the L2).
+The harness empties the L2 before each timed replay. A scrub that writes (a
+256 MB fill) leaves ~60 MB of dirty lines whose write-backs share the DRAM
+with the replay's first calls; one that reads (a sum of the same buffer, the
+harness's default) leaves clean lines. This times attn2's TP8 shapes through
+the harness with each scrub, and with none, in interleaved rounds: with the
+bench's calls per graph, and with a single call per graph (where a scrub that
+does not evict would show: the call would find its pages in the L2).
 
   PYTHONPATH=<build>/python python3 bench/micro/l2_scrub.py [--rounds 3]
+
+Needs a GPU and the extension built into <build> (-DMUSE_DECODE_PYTHON=ON).
+One line per shape and calls per graph: us per call under each scrub (write,
+read, none), min-max over the rounds, each the median of the harness's
+replays.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// The micro-benchmarks' page picker: a 32-bit integer hash (xorshift-multiply,
+// The page picker of tma_rate.cu: a 32-bit integer hash (xorshift-multiply,
 // two rounds), so that a CTA's tiles land on pages spread over the whole cache
 // rather than on consecutive addresses.
 #pragma once

@@ -1,28 +1,34 @@
-// How fast can one SM run attn2's math when the keys are already in shared
-// memory? The question behind a one-cluster-per-KV-head design at 8k (bench/
-// NOTES-attn2.md, twenty-second and twenty-third sessions): 16 SMs per head
-// then take 8 tiles of 64 keys each (S = Q K^T, the softmax, O += P V for 64
-// query rows), and the copies can be issued a call ahead. attn2's one-slice
-// kernel, traced with all tiles in place, spent ~1 us per tile and warpgroup;
-// the pipes' own cost is ~256 clocks of tensor cores and ~256 of MUFU per
-// tile. This micro times the math alone, one CTA per SM, two consumer
-// warpgroups, each running T tiles from its own 4 stages (the same data
-// again from the fifth on: no copies, no barriers on data):
-//   serial    per tile: S, wait, softmax, P V, wait (the one-slice kernels);
+// How fast one SM runs attn2's math (S = Q K^T, the softmax, O += P V) with
+// the keys already in shared memory, by schedule and exp2 form.
+//
+// The design question (docs/attn2.md, "Designs measured and set aside"):
+// whether a one-cluster-per-KV-head attn2 at 8k (16 SMs per head, each taking
+// 8 tiles of 64 keys for 64 query rows, the copies issued a call ahead) could
+// beat the split grid, which turns on what its math alone costs. The pipes'
+// own cost is ~256 clocks of tensor cores and ~256 of MUFU per tile. This micro times the math alone, one CTA per SM, W consumer
+// warpgroups, each running T tiles from its own 8 / W stages (tile i on stage
+// i mod 8 / W: no copies, no barriers on data). Schedules:
+//   serial    per tile: S, wait, softmax, P V, wait;
 //   overlap   S of tile i + 1 issued with P V of tile i, the softmax beside
-//             the tensor cores (FA3's intra-warpgroup overlap; attn2's
-//             general kernel);
+//             the tensor cores (FA3's intra-warpgroup overlap; attn2's sm_90a
+//             key loop);
 //   pingpong  overlap, and the two warpgroups take turns to issue their
 //             wgmma groups (named barriers), so that one's softmax runs
 //             while the other's matrices do (FA3's inter-warpgroup schedule).
 // Each with exp2 in fp32 (`ex2.approx.ftz.f32`, as attn2) or on bf16 pairs
 // (`ex2.approx.ftz.bf16x2`: two per MUFU issue, P already packed), and with
-// the row max on every tile or on the first only (attn2's later tiles); and
-// with part of the exp2s on the FMA pipe (`poly_exp2`, FA4's way: K of a
-// tile's 8 n-tiles, printed pK/8).
-// Prints clocks per warpgroup (median and max over the CTAs' warpgroups) and
-// the us they are at 1.98 GHz.
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o pingpong bench/micro/pingpong_math.cu && ./pingpong
+// the row max on every tile or on the first only (as attn2's later tiles);
+// then the overlap schedule's parts by removal (wrong results, timing only);
+// last, part of the exp2s on the FMA pipe (`poly_exp2`, FA4's way: K of a
+// tile's 8 n-tiles, printed pK/8), with the cubic's worst relative error.
+//
+//   cmake --build build --target pingpong_math && build/pingpong_math
+//
+// Needs an sm_90 GPU (wgmma; elsewhere it says so and exits). One row per
+// case: schedule, exp2 form, max ("every" tile or the "first"), W, CTAs, T,
+// then clocks per warpgroup over the T tiles (median and max over the CTAs'
+// warpgroups, 6 launches after a warm-up), the same in us at 1.98 GHz, and
+// the median us per tile. The last line is the device's error state.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,10 +40,15 @@
 #include "ptx.cuh"
 #include "sm90_wgmma.cuh"
 
+using muse_decode::ptx::exp2_approx;
+using muse_decode::ptx::fence_proxy_async_smem;
+using muse_decode::ptx::named_barrier_sync;
+using muse_decode::ptx::pack_bf16;
 using muse_decode::ptx::pin;
 using muse_decode::ptx::pin_a;
 using muse_decode::ptx::smem_addr;
 using muse_decode::ptx::sw128_desc;
+using muse_decode::ptx::unpack_bf16;
 using muse_decode::ptx::wgmma_commit;
 using muse_decode::ptx::wgmma_fence;
 using muse_decode::ptx::wgmma_rs;
@@ -52,11 +63,33 @@ constexpr int kSmem = kQBytes + kRing * kTileBytes + 1024;
 
 enum Mode { kSerial = 0, kOverlap = 1, kPingPong = 2 };
 
-__device__ __forceinline__ float ex2f(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+// exp2 of both, as a bf16 pair; kept here: the product's exp2 is fp32
+// (ptx::exp2_approx; docs/attn2.md sets the bf16x2 form aside).
+__device__ __forceinline__ uint32_t ex2_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 in = __floats2bfloat162_rn(lo, hi);
+  uint32_t x = *reinterpret_cast<const uint32_t*>(&in), y;
+  asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(x));
   return y;
 }
+// A register copy ptxas keeps (a plain move it may fold, and then P's
+// registers are S's, written by the next S while P V reads them: serialized);
+// kept here: only the bf16x2 exp2's P, already packed, needs it.
+__device__ __forceinline__ uint32_t copy_reg(uint32_t x) {
+  uint32_t y;
+  asm volatile("prmt.b32 %0, %1, 0, 0x3210;" : "=r"(y) : "r"(x));
+  return y;
+}
+// Arrival at named barrier kId over kThreads threads without waiting; kept
+// here: the product's named barriers only sync (named_barrier_sync).
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+}
+// Keeps a wgmma descriptor in its register (an empty asm), so that it is
+// computed before the wgmma group's fence; kept here: the product's
+// sm90_wgmma.cuh pins accumulators and A fragments only.
+__device__ __forceinline__ void pin_desc(uint64_t& d) { asm volatile("" : "+l"(d)); }
+
 // O's rows times their alpha (the online softmax's rescale; attn2 has its own
 // beside its softmax).
 __device__ __forceinline__ void rescale(float (&o)[8][4], const float (&alpha)[2]) {
@@ -77,23 +110,10 @@ __device__ __forceinline__ float poly_exp2(float x) {
   const float p = fmaf(fmaf(fmaf(0.05517167f, f, 0.24261115f), f, 0.69326099f), f, 0.99992807f);
   return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
-__device__ __forceinline__ uint32_t ex2_bf16x2(float lo, float hi) {  // exp2 of both, as a bf16 pair
-  const __nv_bfloat162 in = __floats2bfloat162_rn(lo, hi);
-  uint32_t x = *reinterpret_cast<const uint32_t*>(&in), y;
-  asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float2 unpack_bf16(uint32_t w) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
-}
 
 // The tile's softmax: s (64 x 64 scores of this thread's fragment) -> P as
 // wgmma A fragments pa, running max m and sums l of the thread's 2 rows,
-// alpha the factor O takes. kMax: a row max of this tile (else m stays).
+// alpha the factor O takes. with_max: a row max of this tile (else m stays).
 // kPoly of the 8 n-tiles (f32 path) take poly_exp2 instead of the MUFU's.
 template <bool kBf16Exp, int kPoly = 0>
 __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -110,7 +130,7 @@ __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
-      alpha[r] = ex2f((m[r] - mx[r]) * kScaleLog2);
+      alpha[r] = exp2_approx((m[r] - mx[r]) * kScaleLog2);
       l[r] *= alpha[r];
       m[r] = mx[r];
     }
@@ -130,20 +150,12 @@ __device__ __forceinline__ void softmax(float (&s)[8][4], float (&m)[2], float (
       s[t][1] = s[t][3] = 0.0f;  // (defined: S's registers stay whole for the next S)
     } else {
       const bool poly = (t * kPoly) / 8 != ((t + 1) * kPoly) / 8;  // kPoly n-tiles spread over the 8
-      auto e2 = [poly](float x) { return poly ? poly_exp2(x) : ex2f(x); };
+      auto e2 = [poly](float x) { return poly ? poly_exp2(x) : exp2_approx(x); };
       s[t][0] = e2(x0), s[t][1] = e2(x1), s[t][2] = e2(x2), s[t][3] = e2(x3);
       l[0] += s[t][0] + s[t][1];
       l[1] += s[t][2] + s[t][3];
     }
   }
-}
-
-// A register copy ptxas keeps (a plain move it may fold, and then P's
-// registers are S's, written by the next S while P V reads them: serialized).
-__device__ __forceinline__ uint32_t copy_reg(uint32_t x) {
-  uint32_t y;
-  asm volatile("prmt.b32 %0, %1, 0, 0x3210;" : "=r"(y) : "r"(x));
-  return y;
 }
 
 // P (in s, from softmax) as the A fragments of O += P V's 4 k-steps.
@@ -175,7 +187,7 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
     const float a = ((h & 0xFFFF) / 65536.0f - 0.5f) * 0.5f, b = ((h >> 16) / 65536.0f - 0.5f) * 0.5f;
     reinterpret_cast<uint32_t*>(gbase)[i] = pack_bf16(a, b);
   }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  fence_proxy_async_smem();
   __syncthreads();
   const int wg = threadIdx.x / 128;
   const uint32_t q = base, stage0 = base + kQBytes + wg * kStages * kTileBytes;
@@ -186,13 +198,13 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     dq[ks] = sw128_desc(q + ks * 32, 16, 1024);
-    asm volatile("" : "+l"(dq[ks]));
+    pin_desc(dq[ks]);
   }
   auto descs = [&](uint64_t (&d)[4], uint32_t at, uint32_t step, uint32_t lbo) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       d[k] = sw128_desc(at + k * step, lbo, 1024);
-      asm volatile("" : "+l"(d[k]));
+      pin_desc(d[k]);
     }
   };
   auto issue_s = [&](float (&acc)[8][4], int i) {
@@ -224,14 +236,14 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
   // 3 + w and then lets the other go (bar.arrive on 3 + 1 - w), 256 threads.
   auto my_turn = [&] {
     if constexpr (kMode == kPingPong) {
-      if (wg == 0) asm volatile("bar.sync 3, 256;" ::: "memory");
-      else asm volatile("bar.sync 4, 256;" ::: "memory");
+      if (wg == 0) named_barrier_sync<3, 256>();
+      else named_barrier_sync<4, 256>();
     }
   };
   auto your_turn = [&] {
     if constexpr (kMode == kPingPong) {
-      if (wg == 0) asm volatile("bar.arrive 4, 256;" ::: "memory");
-      else asm volatile("bar.arrive 3, 256;" ::: "memory");
+      if (wg == 0) named_barrier_arrive<4, 256>();
+      else named_barrier_arrive<3, 256>();
     }
   };
   float m[2] = {-1e30f, -1e30f}, l[2] = {0.0f, 0.0f}, alpha[2];
@@ -246,7 +258,7 @@ __global__ void __launch_bounds__(kWgs * 128, 1) math_loop(int tiles, long long*
   __syncthreads();
   const long long t0 = clock64();
   if constexpr (kMode == kPingPong) {
-    if (wg == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");  // warpgroup 0 goes first
+    if (wg == 1) named_barrier_arrive<3, 256>();  // warpgroup 0 goes first
   }
   if constexpr (kMode == kSerial) {
     for (int i = 0; i < tiles; ++i) {

@@ -1,23 +1,35 @@
-// How long does attn2's split-merge poll take? The merging CTA reads the
-// other slices' partial rows (ld.relaxed.gpu, words that mark themselves
-// written: 0 = not yet) until all are there. In the twenty-first session's
-// trace each poll took 1-1.6 us even with no other traffic. Here, on one GPU:
-//   A  the words were stored long before: one poll's round trip (16 loads per
-//      thread in flight, 128 threads, as attn2's merger at 32k);
+// The latency of attn2's split-merge poll: how long the merging CTA takes to
+// see the other slices' partial rows, quiet or beside DRAM streams.
+//
+// The merger reads the other slices' partial rows (ld.relaxed.gpu of words
+// that mark themselves written: 0 = not yet) until all are there
+// (docs/attn2.md, "Where the time goes": whether a poll's own latency, and the
+// traffic beside it, explain the split merge's cost). One grid of two CTAs
+// per SM, the merger block 0:
+//   A  the words are all written before the launch: one poll's round trip (14
+//      loads per thread in flight, 2 per slot, 128 threads, as attn2's merger
+//      at 32k);
 //   B  other CTAs store them now (st.relaxed.gpu, each after its own delay):
 //      the time from the last producer's store to the poll that saw it all;
-//   C  B with every other CTA streaming reads from DRAM meanwhile (the next
-//      call's early copies), including the one sharing the poller's SM;
+//   C  B with every other CTA streaming reads from DRAM meanwhile (as the next
+//      call's early copies do), including the one sharing the poller's SM;
 //   E  C without streaming on the poller's SM (is the wait in its own SM's
 //      memory pipeline or in the L2 and the crossbar?);
 //   F  C with the streams as bulk copies into shared memory (attn2's copies
-//      are TMA): loads polled as before;
+//      are TMA), the poll by loads as before;
 //   G  F with the poll itself one bulk copy per slot into shared memory,
 //      completing on an mbarrier;
 //   D  one load at a time (pointer chase over L2-resident lines): the bare
 //      L2 round trip, for scale.
-// Times from %globaltimer (32 ns steps), medians over 21 launches.
-//   nvcc -std=c++17 -O3 -arch=sm_90a -o poll bench/micro/poll_latency.cu && ./poll
+//
+//   cmake --build build --target poll_latency && build/poll_latency
+//
+// One line per case and producer delay (ns; slot s stores after delay x
+// (s + 1)): "1st poll", us from the start of polling to the first poll's
+// return; "all seen - last", us from the last producer's store to the poll
+// that saw every slot written; "polls", how many polls that took. Medians
+// over 21 launches, from %globaltimer (32 ns steps). D prints us per load.
+// The last line is the device's error state.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,31 +39,15 @@
 
 #include "ptx.cuh"
 
-using muse_decode::ptx::mbar_arrive_expect_tx;
-using muse_decode::ptx::mbar_init;
-using muse_decode::ptx::mbar_wait;
-using muse_decode::ptx::smem_addr;
+namespace ptx = muse_decode::ptx;
 
 constexpr int kSlots = 7;     // slices whose rows the merger reads (attn2 at 32k: the 6 others + 1 spare)
 constexpr int kRows = 4;      // rows a CTA of a cluster of 16 merges
 constexpr int kWords = 66;    // m, l, then 64 columns (floats)
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void st_relaxed(uint32_t* at, uint32_t a, uint32_t b) {
-  asm volatile("st.relaxed.gpu.global.v2.b32 [%0], {%1, %2};" ::"l"(at), "r"(a), "r"(b) : "memory");
-}
-__device__ __forceinline__ uint2 ld_relaxed(const uint32_t* at) {
-  uint2 v;
-  asm volatile("ld.relaxed.gpu.global.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(at) : "memory");
-  return v;
-}
-
-// Whether v holds in all 128 threads of named barrier 1 (the polling threads).
+// Whether v holds in all 128 threads of named barrier 1 (the polling threads);
+// kept here: the product never reduces a predicate over a named barrier.
 __device__ __forceinline__ bool and_128(bool v) {
   uint32_t r;
   asm volatile(
@@ -61,17 +57,26 @@ __device__ __forceinline__ bool and_128(bool v) {
       : "memory");
   return r != 0;
 }
-
-// Block 0 polls; blocks 1..kSlots store one slot each (mode B, C) after
-// delay_ns * slot; the rest stream `bytes_each` from `stream` (mode C) or
-// leave. out[0]: first poll's return - start of polling; out[1]: the poll
-// that saw all - the last store; out[2]: polls.
+// Kept here: the product's bulk copy (ptx::bulk_copy_g2s) takes an
+// evict-first L2 policy; these copies carry no hint.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// Kept here: a 4-byte relaxed load for the pointer chase (the product's
+// handshakes load 8 or 16 bytes, ptx::ld_relaxed_gpu_v2 / _v4).
+__device__ __forceinline__ uint32_t ld_relaxed_gpu_u32(const uint32_t* at) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
 
+// Block 0 polls; blocks 1..kSlots store one slot each (modes 1-5) after
+// delay_ns * (slot + 1); the rest stream their share of `stream` (modes 2-5:
+// C, E, F, G) or leave. out[0]: first poll's return - start of polling;
+// stamps[0]: when the poll that saw all returned, stamps[1 + s]: slot s's
+// store time; out[2]: polls. Modes: 0 A, 1 B, 2 C, 3 E, 4 F, 5 G.
 __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, int delay_ns, const int4* stream,
                                                         long long stream_elems, unsigned* arrive,
                                                         unsigned long long* stamps, long long* out) {
@@ -79,21 +84,20 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
   __shared__ __align__(128) uint8_t ring[8][4096];
   __shared__ __align__(8) uint64_t bars[8];
   if (t == 0)
-    for (int k = 0; k < 8; ++k) mbar_init(smem_addr(&bars[k]), 1);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int k = 0; k < 8; ++k) ptx::mbar_init(ptx::smem_addr(&bars[k]), 1);
+  ptx::fence_mbarrier_init();
   // Everyone launched before anything is timed.
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned smid = ptx::smid();
   if (t == 0) {
     if (b == 0) atomicExch(arrive + 1, smid + 1);
     atomicAdd(arrive, 1u);
-    const unsigned long long t_in = now();
+    const unsigned long long t_in = ptx::globaltimer();
     while (atomicAdd(arrive, 0u) < gridDim.x) {
-      if (now() - t_in > 200000000ull) __trap();  // 0.2 s: the grid is not all resident
+      if (ptx::globaltimer() - t_in > 200000000ull) __trap();  // 0.2 s: the grid is not all resident
     }
   }
   __syncthreads();
-  const unsigned long long t0 = now();
+  const unsigned long long t0 = ptx::globaltimer();
   if (b == 0) {
     if (t >= 128) return;
     const int row = t / 32, d = (t % 32) * 2;
@@ -103,13 +107,14 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
       bool written = true;
       uint2 ml[kSlots], ov[kSlots];
       if (mode == 5) {  // G: one bulk copy per slot (its 4 rows, contiguous) into ring, on bars[0]
-        const uint32_t bar = smem_addr(&bars[0]);
+        const uint32_t bar = ptx::smem_addr(&bars[0]);
         if (t == 0) {
-          mbar_arrive_expect_tx(bar, kSlots * kRows * kWords * 4);
+          ptx::mbar_arrive_expect_tx(bar, kSlots * kRows * kWords * 4);
           for (int s = 0; s < kSlots; ++s)
-            bulk_load(smem_addr(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4, bar);
+            bulk_load(ptx::smem_addr(ring[0]) + s * kRows * kWords * 4, ws + s * kRows * kWords, kRows * kWords * 4,
+                      bar);
         }
-        mbar_wait(bar, polls & 1);
+        ptx::mbar_wait(bar, polls & 1);
         const uint32_t* sm = reinterpret_cast<const uint32_t*>(ring[0]);
 #pragma unroll
         for (int s = 0; s < kSlots; ++s) {
@@ -117,22 +122,22 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
           ml[s] = make_uint2(at[0], at[1]);
           ov[s] = make_uint2(at[2 + d], at[3 + d]);
         }
-        asm volatile("bar.sync 1, 128;" ::: "memory");  // the ring is refilled by the next poll
+        ptx::named_barrier_sync<1, 128>();  // the ring is refilled by the next poll
       } else {
 #pragma unroll
         for (int s = 0; s < kSlots; ++s) {
           const uint32_t* at = ws + (s * kRows + row) * kWords;
-          ml[s] = ld_relaxed(at);
-          ov[s] = ld_relaxed(at + 2 + d);
+          ml[s] = ptx::ld_relaxed_gpu_v2(at);
+          ov[s] = ptx::ld_relaxed_gpu_v2(at + 2 + d);
         }
       }
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) written = written && ml[s].x && ml[s].y && ov[s].x && ov[s].y;
       // (G: one copy serves all 4 rows and thread 0 issues it, so the 4 warps
-      // decide together; a warp leaving on its own row left the others waiting
-      // on a copy never issued. The loads' warps each poll their own row.)
+      // decide together: a warp leaving on its own row would leave the others
+      // waiting on a copy never issued. With loads, each warp polls its own row.)
       const bool all = mode == 5 ? and_128(written) : __all_sync(0xFFFFFFFFu, written);
-      const unsigned long long tp = now();
+      const unsigned long long tp = ptx::globaltimer();
       if (polls++ == 0) first = tp;
       if (all) {
         done = tp;
@@ -149,16 +154,16 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
   if (b <= kSlots) {
     if (mode == 0) return;  // A: written before the launch
     const int s = b - 1;
-    while (now() - t0 < static_cast<unsigned long long>(delay_ns) * (s + 1)) {
+    while (ptx::globaltimer() - t0 < static_cast<unsigned long long>(delay_ns) * (s + 1)) {
     }
     if (t < 128) {
       const int row = t / 32, d = (t % 32) * 2;
       uint32_t* at = ws + (s * kRows + row) * kWords;
-      if (d == 0) st_relaxed(at, 1u, 1u);
-      st_relaxed(at + 2 + d, 1u, 1u);
+      if (d == 0) ptx::st_relaxed_gpu_v2(at, 1u, 1u);
+      ptx::st_relaxed_gpu_v2(at + 2 + d, 1u, 1u);
     }
     __syncthreads();
-    if (t == 0) stamps[1 + s] = now();
+    if (t == 0) stamps[1 + s] = ptx::globaltimer();
     return;
   }
   if (mode >= 4) {  // F, G: the others stream by bulk copies, 8 x 4 KB in flight
@@ -167,12 +172,13 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
     if (t == 0) {
       for (long long i = 0; i < per; ++i) {
         const int k = static_cast<int>(i % 8);
-        const uint32_t bar = smem_addr(&bars[k]);
-        if (i >= 8) mbar_wait(bar, ((i - 8) / 8) & 1);
-        mbar_arrive_expect_tx(bar, 4096);
-        bulk_load(smem_addr(ring[k]), p + i * 4096, 4096, bar);
+        const uint32_t bar = ptx::smem_addr(&bars[k]);
+        if (i >= 8) ptx::mbar_wait(bar, ((i - 8) / 8) & 1);
+        ptx::mbar_arrive_expect_tx(bar, 4096);
+        bulk_load(ptx::smem_addr(ring[k]), p + i * 4096, 4096, bar);
       }
-      for (long long i = per > 8 ? per - 8 : 0; i < per; ++i) mbar_wait(smem_addr(&bars[i % 8]), (i / 8) & 1);
+      for (long long i = per > 8 ? per - 8 : 0; i < per; ++i)
+        ptx::mbar_wait(ptx::smem_addr(&bars[i % 8]), (i / 8) & 1);
     }
     return;
   }
@@ -191,9 +197,9 @@ __global__ void __launch_bounds__(kThreads) poll_kernel(uint32_t* ws, int mode, 
 // D: one load at a time over L2-resident lines (a ring of next indices, 256 B apart).
 __global__ void chase(const unsigned* next, int steps, long long* out) {
   unsigned i = 0;
-  const unsigned long long t0 = now();
-  for (int k = 0; k < steps; ++k) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(i) : "l"(next + i) : "memory");
-  const unsigned long long t1 = now();
+  const unsigned long long t0 = ptx::globaltimer();
+  for (int k = 0; k < steps; ++k) i = ld_relaxed_gpu_u32(next + i);
+  const unsigned long long t1 = ptx::globaltimer();
   out[0] = static_cast<long long>(t1 - t0) / steps + (i == 0xFFFFFFFFu);
 }
 
@@ -245,8 +251,8 @@ int main() {
     *polls = np[10];
     return cudaGetLastError() == cudaSuccess;
   };
-  std::printf("grid %d CTAs of %d threads (two per SM); %d slots x %d rows, 16 loads in flight per polling thread\n",
-              grid, kThreads, kSlots, kRows);
+  std::printf("grid %d CTAs of %d threads (two per SM); %d slots x %d rows, %d loads in flight per polling thread\n",
+              grid, kThreads, kSlots, kRows, 2 * kSlots);
   std::printf("%-44s %10s %16s %8s\n", "case", "1st poll", "all seen - last", "polls");
   double f, a, n;
   if (!run(0, 0, &f, &a, &n)) return 2;
@@ -274,8 +280,7 @@ int main() {
   {
     const int lines = 4096, stride = 64;  // 1 MB ring, L2-resident after the first pass
     std::vector<unsigned> h(lines * stride, 0);
-    for (int k = 0; k < lines; ++k) h[k * stride] = ((k * 2654435761u) % lines) * stride;
-    // Make it one cycle: a permutation by a stride coprime with lines.
+    // One cycle: a permutation by a stride coprime with lines.
     for (int k = 0; k < lines; ++k) h[k * stride] = ((k + 1237) % lines) * stride;
     unsigned* next;
     cudaMalloc(&next, h.size() * 4);

@@ -1,5 +1,4 @@
-"""How much of a benchmark's per-call number is the graph replay's own start
-(attn2, TP8).
+"""How much of a benchmark's per-call number is the graph replay's own cost (attn2, TP8).
 
 bench/harness.py divides a replay's time by its calls, so each call carries
 1/N of what the replay costs beyond N steady-state calls (the launch of the
@@ -8,10 +7,16 @@ replays of N and 2N calls leaves that out:
 
     slope = (2N * t(2N) - N * t(N)) / N          (t: us per call from graph_us)
 
-Each call has its own copy of the pages (2N copies), the L2 scrubbed by a read
-before each replay (the harness's default). Rounds interleave N and 2N.
+Each call has its own copy of the pages (2N copies), the L2 scrubbed before
+each replay as the harness's SCRUB_MODE says (a read unless
+MUSE_BENCH_SCRUB=write; the last line names it). Rounds interleave N and 2N.
 
   PYTHONPATH=<build>/python python3 bench/micro/slope.py [--rounds 3]
+
+Needs a GPU and the extension built into <build> (-DMUSE_DECODE_PYTHON=ON).
+One line per shape: us per call with N and with 2N calls, the slope, and what
+one replay costs beyond N slope calls (N x (t(N) - slope)), each as min-max
+over the rounds.
 """
 
 from __future__ import annotations

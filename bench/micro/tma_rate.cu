@@ -1,20 +1,36 @@
-// How fast attn2's page copies can stream, with no compute behind them: every
-// CTA copies tiles of 4 random pages (one KV head of the [pages, 2, 16, 128]
-// bf16 cache, 16 KB a tile) through a ring of shared-memory stages, the
-// consumer releasing each stage as soon as it has landed. Modes:
-//   tma2  two 2 KB tensor boxes per page (K, then V; attn2 up to v12),
+// The rate at which attn2's page copies stream into shared memory with no
+// compute behind them, by copy form, grid, CTAs per SM, ring depth and
+// issuing warps.
+//
+// Every CTA copies tiles of 4 random pages (one KV head of the
+// [pages, 2, 16, 128] bf16 cache: 4 KB a page, 16 KB a tile) through a ring of
+// shared-memory stages, the consumer releasing each stage as soon as it has
+// landed. Copy forms:
+//   tma2  two 2 KB tensor boxes per page, K then V (attn2's sm_90a loads),
 //   tma1  one 4 KB tensor box per page (K and V of each 8 keys interleaved),
-//   bulk  one 4 KB cp.async.bulk per page (contiguous).
-// Cache larger than the L2 (random pages over 2 GB) or L2-resident (16 MB).
-// Prints TB/s and bytes per clock and SM for grids of 112 / 132 SMs, 1 or 2
-// CTAs per SM, and ring depths; then, one CTA per SM, the ring split over 1,
-// 2 or 4 issuing warps (warp w takes tiles t = w mod W on its own stages):
-// is one CTA's ~20 bytes per clock a limit of its single issuing warp?
-// Last, few SMs from DRAM (the one-slice design at 8k: 32 SMs, 8 tiles of
-// 16 KB per CTA): the copies' span inside the kernel (first CTA's start to
-// last CTA's end, %globaltimer), for 32 and 64 SMs, 8 and 64 tiles per CTA,
-// 1, 2 or 4 issuing warps and 3 to 12 stages: can 32 SMs pull 4 MB from DRAM
-// in well under 2 us with deeper rings?
+//   bulk  one 4 KB cp.async.bulk per page, contiguous (attn2's sm_100a loads).
+// No copy carries an L2 cache hint (attn2's carry an evict-first one). The
+// cache is larger than the L2 (random pages over 2 GB, "DRAM") or
+// L2-resident (16 MB, "L2").
+//
+//   cmake --build build --target tma_rate && build/tma_rate
+//
+// Prints the GPU's SMs and clock, then three tables; each row is the median
+// of 7 launches: "us", and the copied bytes' rate in TB/s and in bytes per
+// clock and SM ("B/clk/SM", at the reported clock).
+// 1. Grids on 112 SMs and on all SMs, 1 or 2 CTAs per SM ("CTA/SM"), 3, 6
+//    or 12 stages, one issuing warp, 192 tiles per CTA; each launch timed by
+//    events around it.
+// 2. As 1 with one CTA per SM and the ring split over W = 1, 2 or 4 issuing
+//    warps (warp w takes tiles t = w mod W, on stages of its own): whether a
+//    CTA's rate is the limit of its single issuing warp.
+// 3. Few SMs from DRAM, one CTA per SM, timed inside the kernel (the first
+//    CTA's start to the last CTA's end, %globaltimer): 32 and 64 SMs, 8 and 64
+//    tiles per CTA, 1, 2 or 4 issuing warps, 3 to 12 stages. The question:
+//    whether attn2 at 8k could take its pages on one slice (2 KV heads x 16
+//    CTAs, 8 tiles of 16 KB each; docs/attn2.md, "Grid and slices"): can 32
+//    SMs pull those 4 MB from DRAM in well under 2 us with deeper rings?
+// Exits non-zero where an allocation, a tensor map or a launch fails.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -26,10 +42,26 @@
 #include "ptx.cuh"
 #include "page_hash.cuh"
 
-using muse_decode::ptx::mbar_arrive_expect_tx;
-using muse_decode::ptx::mbar_init;
-using muse_decode::ptx::mbar_wait;
-using muse_decode::ptx::smem_addr;
+namespace ptx = muse_decode::ptx;
+
+// The copies without an L2 cache hint are kept here: the product's
+// (ptx::tma_load_5d, ptx::bulk_copy_g2s) take an evict-first policy.
+// One box of a 5-D tensor map at (c0, .., c4).
+__device__ __forceinline__ void tma_load_5d_no_hint(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                    int c3, int c4, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+      "%6}], [%7];" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+      : "memory");
+}
+// cp.async.bulk of `bytes` from global memory (kept here for the same reason).
+__device__ __forceinline__ void bulk_copy_g2s_no_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 constexpr int kPageBytes = 16 * 256, kTilePages = 4, kTileBytes = kTilePages * kPageBytes, kKvh = 2;
 
 // mode 0 tma2, 1 tma1, 2 bulk
@@ -38,16 +70,15 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
                        unsigned long long* span) {
   extern __shared__ __align__(1024) uint8_t smem[];
   if (span && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long t = ptx::globaltimer();
     atomicMin(&span[0], t);
   }
   __shared__ uint64_t full[16];
-  const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t base = (ptx::smem_addr(smem) + 1023u) & ~1023u;
   const int kvh = blockIdx.x % kKvh;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) mbar_init(smem_addr(&full[s]), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < stages; ++s) ptx::mbar_init(ptx::smem_addr(&full[s]), 1);
+    ptx::fence_mbarrier_init();
   }
   __syncthreads();
   const int w = threadIdx.x / 32;
@@ -57,43 +88,31 @@ __global__ void stream(const __grid_constant__ CUtensorMap map2, const __grid_co
   auto stage_of = [&](int t) { return w * ring + (t / issuers) % ring; };
   auto issue = [&](int t) {
     const int s = stage_of(t);
-    const uint32_t bar = smem_addr(&full[s]);
-    if (lane == 0) mbar_arrive_expect_tx(bar, kTileBytes);
+    const uint32_t bar = ptx::smem_addr(&full[s]);
+    if (lane == 0) ptx::mbar_arrive_expect_tx(bar, kTileBytes);
     __syncwarp();
     if (lane < kTilePages) {
       const int page = static_cast<int>(hash(seed ^ (blockIdx.x * 7919u + t * 131u + lane)) % static_cast<uint32_t>(pages));
       const uint32_t dst = base + s * kTileBytes + lane * kPageBytes;
       if (mode == 0) {
-        for (int h = 0; h < 2; ++h)
-          asm volatile(
-              "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(
-                  dst + h * 2048),
-              "l"(&map2), "r"(0), "r"(h), "r"(0), "r"(kvh), "r"(page), "r"(bar)
-              : "memory");
+        for (int h = 0; h < 2; ++h) tma_load_5d_no_hint(dst + h * 2048, &map2, 0, h, 0, kvh, page, bar);
       } else if (mode == 1) {
-        asm volatile(
-            "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];" ::"r"(
-                dst),
-            "l"(&map1), "r"(0), "r"(0), "r"(0), "r"(0), "r"(page * kKvh + kvh), "r"(bar)
-            : "memory");
+        tma_load_5d_no_hint(dst, &map1, 0, 0, 0, 0, page * kKvh + kvh, bar);
       } else {
         const char* src = cache + (static_cast<int64_t>(page) * kKvh + kvh) * kPageBytes;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                     "l"(src), "r"(kPageBytes), "r"(bar)
-                     : "memory");
+        bulk_copy_g2s_no_hint(dst, src, kPageBytes, bar);
       }
     }
   };
   // Warp w: tiles w, w + W, ...; the k-th of them uses its stage k % ring.
   int k = 0;
   for (int t = w; t < tiles; t += issuers, ++k) {
-    if (k >= ring) mbar_wait(smem_addr(&full[stage_of(t)]), ((k - ring) / ring) & 1);
+    if (k >= ring) ptx::mbar_wait(ptx::smem_addr(&full[stage_of(t)]), ((k - ring) / ring) & 1);
     issue(t);
   }
-  for (int j = max(0, k - ring); j < k; ++j) mbar_wait(smem_addr(&full[w * ring + j % ring]), (j / ring) & 1);
+  for (int j = max(0, k - ring); j < k; ++j) ptx::mbar_wait(ptx::smem_addr(&full[w * ring + j % ring]), (j / ring) & 1);
   if (span && lane == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned long long t = ptx::globaltimer();
     atomicMax(&span[1], t);
   }
 }
