@@ -1,7 +1,7 @@
 """Reading the layer objects the "why not" checks are given (vLLM's router
 and attention layers, or anything else): the attributes a check needs, or a
-ValueError naming the first one missing, which the checks return as their
-reason."""
+ValueError naming the first one that is missing or cannot be read, which the
+checks return as their reason."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ _MISSING = object()
 
 def attributes(obj, label: str, names: tuple[str, ...]) -> list:
     """obj's attributes `names`, in that order; ValueError "<label> has no
-    attribute '<name>'" for the first one obj lacks."""
+    attribute '<name>'" for the first one obj lacks, or naming the one whose
+    read raised (a property that fails)."""
     values = []
     for name in names:
-        value = getattr(obj, name, _MISSING)
+        try:
+            value = getattr(obj, name, _MISSING)
+        except Exception as e:  # noqa: BLE001 (any object: its own error becomes the reason)
+            raise ValueError(f"{label}.{name} cannot be read: {type(e).__name__}: {e}") from None
         if value is _MISSING:
             raise ValueError(f"{label} has no attribute {name!r}")
         values.append(value)

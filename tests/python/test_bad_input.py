@@ -294,6 +294,33 @@ def test_router_attributes_that_do_not_read(over, reason):
     raises(lambda: md.MuseRouting(router(**over)), re.escape(prefix + got))
 
 
+class Unreadable:
+    """A layer whose attribute's read raises (a failing property)."""
+
+    @property
+    def route_scale(self):
+        raise RuntimeError("not loaded")
+
+    @property
+    def use_o_norm(self):
+        raise KeyError("use_o_norm")
+
+    @property
+    def qkv_proj(self):
+        raise RuntimeError("not loaded")
+
+
+def test_an_attribute_whose_read_raises_is_a_reason():
+    r = Unreadable()
+    for name in ("router_score_normalization", "top_k", "global_num_experts", "router_output_multiplier",
+                 "router_score_division_eps", "expert_bias"):
+        setattr(r, name, getattr(router(), name))
+    assert md.unsupported_router(r) == "router.route_scale cannot be read: RuntimeError: not loaded"
+    raises(lambda: md.MuseRouting(r), re.escape("router.route_scale cannot be read: RuntimeError: not loaded"))
+    assert md.unsupported_attn2(Unreadable()) == "layer.use_o_norm cannot be read: KeyError: 'use_o_norm'"
+    assert md.unsupported_projection(Unreadable()) == "attn.qkv_proj cannot be read: RuntimeError: not loaded"
+
+
 def test_a_router_missing_one_attribute():
     r = router()
     del r.route_scale
