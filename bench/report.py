@@ -104,9 +104,9 @@ def compact_rows(results):
     doc = load(results, "host")
     if doc:
         for r in doc["rows"]:
-            anchor = r.get("anchor_us")
-            rows.append([f"{r['op']}: host time", "per Python call", fmt(r["host_us"]), "-", "-",
-                         fmt(r.get("bar_us"), 1), r.get("anchor", "-"), fmt(anchor), "-"])
+            if r.get("bar_us") is not None:  # the bound form, the one a layer's eager step calls
+                rows.append([f"{r['op']}: host time", "bound form, per Python call", fmt(r["host_us_per_call"]), "-",
+                             "-", fmt(r["bar_us"], 1), "torch's empty launch", fmt(r["empty_launch_us"]), "-"])
     return rows
 
 
@@ -173,7 +173,7 @@ def generic_section(doc):
     rows = doc["rows"]
     if not rows:
         return None
-    keys = [k for k in rows[0] if k != "op"]
+    keys = list(rows[0])
     return (f"### {doc['benchmark']}, {doc.get('date', 'undated')}\n\n"
             + table(keys, [[fmt(r.get(k)) for k in keys] for r in rows]))
 
