@@ -550,7 +550,7 @@ TEST(QkvFrontReference, ProjectionOfOneHotRows) {
       ASSERT_EQ(y[t * n + j], md::reference::bf16_bits_to_float(x[t * stride + (j * 7) % 8192]));
 }
 
-// The epilogue against the SPEC formulas: q and k heads end with mean square
+// The epilogue against the contract's formulas: q and k heads end with mean square
 // m / (m + eps), RoPE keeps each pair's length and turns it by the table's
 // angle, v and gate stay the projection, positions past the table clamp.
 TEST(QkvFrontReference, EpilogueMatchesFormulas) {

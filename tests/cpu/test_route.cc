@@ -396,7 +396,7 @@ TEST(RouteReference, NaNRanksFirst) {
 }
 
 // ---------------------------------------------------------------------------
-// The metadata builder, checked against the SPEC's definitions field by field.
+// The metadata builder, checked against the contract's definitions field by field.
 
 namespace {
 void check_metadata(const std::vector<int32_t>& ids, int T, int off, int n, int tile) {

@@ -10,7 +10,7 @@ from muse_decode import stock  # noqa: E402
 
 
 def brute_attention(q, gate, cache, table, lens, kvh, window):
-    """Per request, per row, per head, in float64: the SPEC's formula."""
+    """Per request, per row, per head, in float64: the contract's formula."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     for r, length in enumerate(lens.tolist()):
         keys = [(int(table[r, j // 16]), j % 16) for j in range(length)]

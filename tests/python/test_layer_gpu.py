@@ -1,6 +1,6 @@
 """The Muse Spark layer on the GPU: the verify step through the fused ops
 agrees with the stock PyTorch path, op by op from the same inputs as the
-SPEC's bar is stated (the front's output per token and head against the
+contract's bar is stated (the front's output per token and head against the
 stock front; the attention per row and head against the stock attention of
 the fused step's own q, gate and cache: relative RMS <= 5e-3; chained, bf16
 rounding of q moves peaked softmaxes further), the hidden state after the
@@ -42,7 +42,7 @@ def check_step(layer, fused, ref, cache, table, lens):
     per_head = rel_rms_rows(attn_f.view(t, -1, 64), attn_ref.view(t, -1, 64))
     assert per_head.max().item() <= 5e-3, per_head.max().item()
     assert rel_rms_rows(h_f, ref.hidden).max().item() <= 5e-3
-    # Routing: the fused ids against the SPEC formula on the fused step's own logits.
+    # Routing: the fused ids against the contract's formula on the fused step's own logits.
     hn = stock.rms_norm(h_f) * layer.post_attention_norm.float()
     logits = hn @ layer.router.weight.t()
     ids_ref, w_ref = stock.route(logits, layer.router.expert_bias, layer.router.route_scale)

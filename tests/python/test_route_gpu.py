@@ -1,4 +1,4 @@
-"""GPU tests of route through the Python package, against the SPEC formula
+"""GPU tests of route through the Python package, against the contract's formula
 computed independently in PyTorch on the same GPU (torch.sigmoid, a stable
 descending sort, a left-to-right fp32 sum): ids and weights bit-identical on
 100,000+ random rows, exact ties and NaN; the metadata equal to a PyTorch
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 
 def formula(logits, bias, scale=1.0):
-    """SPEC section 4, step by step, in PyTorch."""
+    """The contract's routing (docs/contract.md), step by step, in PyTorch."""
     s = torch.sigmoid(logits)
     key = s + bias
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[:, :8]
@@ -88,7 +88,7 @@ def test_bit_exact_on_ties_and_nan(routing):
 
 
 def torch_metadata(ids, off, n, tile, md_buffer):
-    """The SPEC's metadata built with PyTorch ops (muse_decode.stock), into md_buffer's layout."""
+    """The contract's metadata built with PyTorch ops (muse_decode.stock), into md_buffer's layout."""
     return stock.routing_metadata(ids, off, n, tile, md_buffer)
 
 

@@ -1,9 +1,9 @@
 """The Muse Spark layer at TP2 against TP1: each rank holds its KV heads
 (8 of 16) and its experts (128 of 256), o_proj's partial sums are added with
 torch.distributed.all_reduce, and the step must match the one-rank result
-within the SPEC's tolerance (the rank's attention rows against the same heads of TP1, and the hidden
+within the contract's tolerance (the rank's attention rows against the same heads of TP1, and the hidden
 state after the residual: relative RMS per row <= 5e-3; routing: ids and
-weights equal to the SPEC formula on the rank's own logits where the keys are
+weights equal to the contract's formula on the rank's own logits where the keys are
 separated (the two TP sizes round o_proj differently, so their logits differ
 in the last bits), each rank's metadata of its own experts).
 
