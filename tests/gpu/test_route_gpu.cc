@@ -1,8 +1,8 @@
 // GPU tests of route against the CPU reference: ids exact where the keys are
 // not within an ulp of each other (the host expf may differ from CUDA's by an
 // ulp), weights to a few ulp, and the metadata field-identical to the
-// reference built from the GPU's own ids. Bit-exactness against the contract
-// formula on the same GPU is tests/python/gpu/test_route.py (PyTorch).
+// reference built from the GPU's own ids. Bit-exactness against the contract's
+// formula on the same GPU is tests/python/test_route_gpu.py (PyTorch).
 #include <algorithm>
 #include <cmath>
 #include <limits>
