@@ -25,8 +25,9 @@ cuda_args=()
 [ -n "${MUSE_DECODE_CUDA:-}" ] && cuda_args=(-DMUSE_DECODE_CUDA="$MUSE_DECODE_CUDA")
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_PYTHON=ON -DMUSE_DECODE_TESTS=ON \
   -DPython_EXECUTABLE="$(command -v "$PY")" "${cuda_args[@]}" || fail "CMake could not configure the build (above)"
-targets=$(cmake --build "$BUILD" --target help)
-grep -q '^muse_decode_cpu_tests:' <<<"$targets" ||
+# The C++ suites exist only where CMake found GoogleTest (ctest -N lists them).
+tests=$(ctest --test-dir "$BUILD" -N)
+grep -q 'Test *#[0-9]*: cpu$' <<<"$tests" ||
   fail "GoogleTest was not found, so the C++ suites cannot be built: install it (Debian: apt-get install libgtest-dev) or point CMake at it with -DGTest_ROOT=<prefix>"
 cmake --build "$BUILD" || fail "the build failed: the compiler's error is above"
 
