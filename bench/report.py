@@ -89,7 +89,7 @@ def compact_rows(results):
     doc = load(results, "o_proj")
     if doc:
         for r in doc["rows"]:
-            if (r["tp"], r["tokens"]) in ((8, 1), (8, 8), (8, 64), (1, 8), (1, 64)):
+            if (r["tp"], r["tokens"]) in ((8, 1), (8, 8), (8, 64), (1, 8), (1, 64)) and r.get("pdl", 1):
                 rows.append(["o_proj", tokens(r), fmt(r["us_per_call"]),
                              fmt(r["floor_us"]), pct(r["floor_us"], r["us_per_call"]), fmt(r.get("bar_us"), 1),
                              "cuBLAS", fmt(r.get("cublas_us")),

@@ -94,7 +94,11 @@ for exe in "$BUILD"/bench_*; do
   [ -x "$exe" ] || continue
   op=$(basename "$exe"); op=${op#bench_}
   [ -n "$ONLY" ] && [ "$op" != "$ONLY" ] && continue
-  "$exe" --json "bench/results/${op}_kernel.jsonl" || status=1
+  case "$op" in
+    launch) json=bench/results/launch_kernel.jsonl ;;  # JSON lines, one per launch form
+    *) json=bench/results/$op.json ;;
+  esac
+  "$exe" --json "$json" || status=1
 done
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ -z "$ONLY" ] && [ "${gpus:-0}" -ge 2 ]; then
