@@ -66,3 +66,37 @@ class FakeTensor:
 
     def __getitem__(self, sl):
         return (sl.start, sl.stop)
+
+
+# ---- the layers' objects, as vLLM carries them (the why-not checks' input) -----------
+
+UNPREPARED = 63  # a device ordinal no test prepares and no machine has
+
+
+def fake_router(device=0, **over):
+    """A Muse Spark router as the routing checks read it; `over` replaces attributes."""
+    import types
+
+    r = types.SimpleNamespace(
+        router_score_normalization="sigmoid",
+        top_k=8,
+        global_num_experts=256,
+        router_output_multiplier=None,
+        router_score_division_eps=1e-15,
+        expert_bias=FakeTensor([256], ptr=0x10000, device=device),
+        route_scale=1.0,
+    )
+    for k, v in over.items():
+        setattr(r, k, v)
+    return r
+
+
+def fake_attn_layer(**over):
+    """A TP8 MuseSpark1xAttention layer as unsupported_attn2 reads it."""
+    import types
+
+    layer = types.SimpleNamespace(use_o_norm=True, use_o_gate=True, head_dim=64, num_heads=16, num_kv_heads=2,
+                                  scaling=0.6841258107984375, rms_norm_eps=1e-5)
+    for k, v in over.items():
+        setattr(layer, k, v)
+    return layer

@@ -9,24 +9,9 @@ machine has, so nothing here can launch a kernel on a GPU machine either."""
 import types
 
 import pytest
-from conftest import FakeTensor
+from conftest import UNPREPARED, FakeTensor, fake_attn_layer, fake_router
 
 import muse_decode as md
-
-
-def router(**over):
-    r = types.SimpleNamespace(
-        router_score_normalization="sigmoid",
-        top_k=8,
-        global_num_experts=256,
-        router_output_multiplier=None,
-        router_score_division_eps=1e-15,
-        expert_bias=FakeTensor([256], ptr=0x10000),
-        route_scale=1.0,
-    )
-    for k, v in over.items():
-        setattr(r, k, v)
-    return r
 
 
 SEED_NAMES = [  # every name of the seed's module (shared/reference/seed-cute_ops.txt)
@@ -43,7 +28,6 @@ OP_NAMES = [  # the API shape every op shares, by op
     "qkv_front_supports_call", "qkv_front_supports_shape", "qkv_front_workspace_bytes",
     "qkv_front_workspace_bytes_for_device",
 ]
-UNPREPARED = 63  # a device ordinal no test prepares and no machine has
 
 
 def prepare_text(op):
@@ -204,10 +188,10 @@ def test_metadata_size_refuses_tile_12():
     ],
 )
 def test_unsupported_router(over, reason):
-    assert md.unsupported_router(router(**over)) == reason
+    assert md.unsupported_router(fake_router(**over)) == reason
     if reason is not None:
         with pytest.raises(ValueError, match="^MuseRouting does not support "):
-            md.MuseRouting(router(**over))
+            md.MuseRouting(fake_router(**over))
 
 
 def route_args(logits=None, ids=None, weights=None, meta=None, bias=None, device=0):
@@ -310,9 +294,9 @@ def test_not_a_tensor():
 
 def test_muse_routing_checks_the_router_then_prepares_its_device():
     with pytest.raises(ValueError, match="^MuseRouting does not support top-6 of 256 experts"):
-        md.MuseRouting(router(top_k=6, expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
+        md.MuseRouting(fake_router(top_k=6, expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
     with pytest.raises(ValueError) as e:
-        md.MuseRouting(router(expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
+        md.MuseRouting(fake_router(expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED)))
     assert str(e.value) == prepare_text("route")
 
 
@@ -394,14 +378,6 @@ def test_split_qkv_refuses_a_wrong_width():
         md.split_qkv(T2(), 2)
 
 
-def attn_layer(**over):
-    layer = types.SimpleNamespace(use_o_norm=True, use_o_gate=True, head_dim=64, num_heads=16, num_kv_heads=2,
-                                  scaling=0.6841258107984375, rms_norm_eps=1e-5)
-    for k, v in over.items():
-        setattr(layer, k, v)
-    return layer
-
-
 @pytest.mark.parametrize(
     "over, reason",
     [
@@ -414,7 +390,7 @@ def attn_layer(**over):
     ],
 )
 def test_unsupported_attn2(over, reason):
-    assert md.unsupported_attn2(attn_layer(**over)) == reason
+    assert md.unsupported_attn2(fake_attn_layer(**over)) == reason
 
 
 def test_attn2_sizing():

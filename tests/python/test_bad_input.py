@@ -10,7 +10,7 @@ import re
 import types
 
 import pytest
-from conftest import FakeTensor
+from conftest import UNPREPARED, FakeTensor, fake_attn_layer, fake_router
 
 import muse_decode as md
 
@@ -18,7 +18,6 @@ INT32 = r"must fit in int32 \[-2147483648, 2147483647\], got "
 NOT_INT = "must be an integer, got "
 KV_HEADS = r"num_kv_heads must be one of 1, 2, 4, 8, 16, got "
 DEVICE = r"device must be -1 \(the current device\) or an ordinal >= 0, got "
-UNPREPARED = 63
 
 
 def raises(call, message):
@@ -235,21 +234,6 @@ def test_unavailable_knows_its_kernels(kernel, message):
 
 # ---- the router -----------------------------------------------------------------------
 
-def router(**over):
-    r = types.SimpleNamespace(
-        router_score_normalization="sigmoid",
-        top_k=8,
-        global_num_experts=256,
-        router_output_multiplier=None,
-        router_score_division_eps=1e-15,
-        expert_bias=FakeTensor([256], ptr=0x10000, device=UNPREPARED),
-        route_scale=1.0,
-    )
-    for k, v in over.items():
-        setattr(r, k, v)
-    return r
-
-
 GARBAGE = [None, 3, "x", object(), types.SimpleNamespace(), [1, 2]]
 
 
@@ -286,12 +270,12 @@ class Raising:
     ],
 )
 def test_router_attributes_that_do_not_read(over, reason):
-    got = md.unsupported_router(router(**over))  # text, never an exception
+    got = md.unsupported_router(fake_router(UNPREPARED, **over))  # text, never an exception
     assert isinstance(got, str) and re.fullmatch(reason, got), got
     # MuseRouting raises it: the translation's text as it is, a reason of the
     # router's values after "MuseRouting does not support".
     prefix = "MuseRouting does not support " if got.startswith("a router") else ""
-    raises(lambda: md.MuseRouting(router(**over)), re.escape(prefix + got))
+    raises(lambda: md.MuseRouting(fake_router(UNPREPARED, **over)), re.escape(prefix + got))
 
 
 class Unreadable:
@@ -314,7 +298,7 @@ def test_an_attribute_whose_read_raises_is_a_reason():
     r = Unreadable()
     for name in ("router_score_normalization", "top_k", "global_num_experts", "router_output_multiplier",
                  "router_score_division_eps", "expert_bias"):
-        setattr(r, name, getattr(router(), name))
+        setattr(r, name, getattr(fake_router(UNPREPARED), name))
     assert md.unsupported_router(r) == "router.route_scale cannot be read: RuntimeError: not loaded"
     raises(lambda: md.MuseRouting(r), re.escape("router.route_scale cannot be read: RuntimeError: not loaded"))
     assert md.unsupported_attn2(Unreadable()) == "layer.use_o_norm cannot be read: KeyError: 'use_o_norm'"
@@ -322,7 +306,7 @@ def test_an_attribute_whose_read_raises_is_a_reason():
 
 
 def test_a_router_missing_one_attribute():
-    r = router()
+    r = fake_router(UNPREPARED)
     del r.route_scale
     assert md.unsupported_router(r) == "router has no attribute 'route_scale'"
     raises(lambda: md.MuseRouting(r), "router has no attribute 'route_scale'")
@@ -334,11 +318,11 @@ def test_a_router_missing_one_attribute():
     [
         (None, "router has no attribute 'router_output_multiplier'"),
         (object(), "router has no attribute 'router_output_multiplier'"),
-        (router(router_output_multiplier="0.25"), "router.router_output_multiplier must be a number, got str"),
-        (router(router_output_multiplier=object()), "router.router_output_multiplier must be a number, got object"),
-        (router(router_output_multiplier=0.25), "router has no attribute 'weight'"),
-        (router(router_output_multiplier=0.25, weight=None), "router.weight must be a float32 tensor, got NoneType"),
-        (router(router_output_multiplier=0.25, weight=FakeTensor([256, 8192], "bfloat16")),
+        (fake_router(UNPREPARED, router_output_multiplier="0.25"), "router.router_output_multiplier must be a number, got str"),
+        (fake_router(UNPREPARED, router_output_multiplier=object()), "router.router_output_multiplier must be a number, got object"),
+        (fake_router(UNPREPARED, router_output_multiplier=0.25), "router has no attribute 'weight'"),
+        (fake_router(UNPREPARED, router_output_multiplier=0.25, weight=None), "router.weight must be a float32 tensor, got NoneType"),
+        (fake_router(UNPREPARED, router_output_multiplier=0.25, weight=FakeTensor([256, 8192], "bfloat16")),
          "router.weight must be float32 to fold the multiplier exactly enough, got torch.bfloat16"),
     ],
 )
@@ -347,14 +331,6 @@ def test_fold_router_output_multiplier(r, message):
 
 
 # ---- the layers' why-not checks -------------------------------------------------------
-
-def attn_layer(**over):
-    layer = types.SimpleNamespace(use_o_norm=True, use_o_gate=True, head_dim=64, num_heads=16, num_kv_heads=2,
-                                  scaling=0.6841258107984375, rms_norm_eps=1e-5)
-    for k, v in over.items():
-        setattr(layer, k, v)
-    return layer
-
 
 @pytest.mark.parametrize(
     "over, reason",
@@ -371,12 +347,12 @@ def attn_layer(**over):
     ],
 )
 def test_unsupported_attn2_reads_any_layer(over, reason):
-    got = md.unsupported_attn2(attn_layer(**over))
+    got = md.unsupported_attn2(fake_attn_layer(**over))
     assert re.fullmatch(reason, got), got
 
 
 def test_unsupported_attn2_names_a_missing_attribute():
-    layer = attn_layer()
+    layer = fake_attn_layer()
     del layer.rms_norm_eps
     assert md.unsupported_attn2(layer) == "layer has no attribute 'rms_norm_eps'"
 
