@@ -28,8 +28,8 @@ int sm_count(int device = -1);
 
 bool supported_family(GpuFamily family);
 
-// The reason a deployment whose GPUs cannot run `kernel` ("route", "attn2" or
-// "qkv_front") is refused. Throws std::invalid_argument for any other name.
+// The reason a deployment whose GPUs cannot run `kernel` ("route", "attn2",
+// "qkv_front" or "o_proj") is refused. Throws std::invalid_argument for any other name.
 std::string unavailable(const std::string& kernel);
 
 // True when the library was compiled with its CUDA kernels.

@@ -13,6 +13,7 @@ namespace muse_decode::python {
 void bind_route(nb::module_& m);
 void bind_qkv_front(nb::module_& m);
 void bind_attn2(nb::module_& m);
+void bind_o_proj(nb::module_& m);
 }  // namespace muse_decode::python
 
 NB_MODULE(_C, m) {
@@ -25,7 +26,7 @@ NB_MODULE(_C, m) {
   m.def(
       "unavailable", [](nb::handle kernel) { return unavailable(python::str_arg(kernel, "kernel")); },
       nb::sig("def unavailable(kernel: str) -> str"), "kernel"_a.none(),
-      "The reason a deployment whose GPUs cannot run `kernel` (\"route\", \"attn2\" or \"qkv_front\") is\n"
+      "The reason a deployment whose GPUs cannot run `kernel` (\"route\", \"attn2\", \"qkv_front\" or \"o_proj\") is\n"
       "refused. ValueError for any other name.");
   m.def("built_with_cuda", &built_with_cuda);
   m.def(
@@ -38,4 +39,5 @@ NB_MODULE(_C, m) {
   python::bind_route(m);
   python::bind_qkv_front(m);
   python::bind_attn2(m);
+  python::bind_o_proj(m);
 }

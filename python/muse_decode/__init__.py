@@ -7,13 +7,14 @@ the ops need CUDA tensors).
 
 Every op has the same shape as in the C++ library (include/muse_decode/<op>.h),
 with the same names: the op, checked then launched, taking its arguments as
-keyword arguments (``route``, ``attn2``, ``qkv_front``; ``pdl=True`` by
-default everywhere); the check that returns the reason the op would raise
-(``unsupported_route_call``, ``unsupported_attn2_call``,
-``unsupported_qkv_front_call``); the one-time setup of a device, raising on
-failure (``prepare_route``, ``prepare_attn2``, ``prepare_qkv_front``); and a
-bound form over a layer's static tensors that prepares their device
-(``MuseRouting``, ``Attn2``, ``QkvFront``). The C++ library's unchecked
+keyword arguments (``route``, ``attn2``, ``qkv_front``, ``o_proj``;
+``pdl=True`` by default everywhere); the check that returns the reason the op
+would raise (``unsupported_route_call``, ``unsupported_attn2_call``,
+``unsupported_qkv_front_call``, ``unsupported_o_proj_call``); the one-time
+setup of a device, raising on failure (``prepare_route``, ``prepare_attn2``,
+``prepare_qkv_front``, ``prepare_o_proj``); and a bound form over a layer's
+static tensors that prepares their device (``MuseRouting``, ``Attn2``,
+``QkvFront``, ``OProj``). The C++ library's unchecked
 launch of a params struct has no Python counterpart: Python passes tensors,
 and every call is checked. The seed's names stay as aliases, the same
 objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
@@ -23,7 +24,8 @@ objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
 Every function answers a bad argument (a wrong type, an integer out of
 range, an unknown name) with a ValueError naming it, the expected and the
 actual value. The "why not" checks (``unsupported_router``,
-``unsupported_attn2``, ``unsupported_projection``, ``unsupported_<op>_call``)
+``unsupported_attn2``, ``unsupported_projection``, ``unsupported_o_proj``,
+``unsupported_<op>_call``)
 return the reason as text for any object they are given, never raise for
 it; the contract is in docs/contract.md.
 """
@@ -50,6 +52,7 @@ from .constants import (
     ROUTING_MAX_TOKENS,
     TOP_K,
 )
+from .projection import OProj, o_proj, prepare_o_proj, unsupported_o_proj, unsupported_o_proj_call
 from .routing import (
     MuseRouting,
     RoutingMetadata,
@@ -113,6 +116,12 @@ __all__ = [
     "split_qkv",
     "unsupported_projection",
     "unsupported_qkv_front_call",
+    # o_proj
+    "OProj",
+    "o_proj",
+    "prepare_o_proj",
+    "unsupported_o_proj",
+    "unsupported_o_proj_call",
     # the seed's names for qkv_front's
     "launch_qkv_front",
     "supports_call",

@@ -20,14 +20,15 @@ TEST(Arch, UnavailableNamesTheKernel) {
   EXPECT_EQ(md::unavailable("route"), "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (route)");
   EXPECT_EQ(md::unavailable("qkv_front"),
             "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (qkv_front)");
+  EXPECT_EQ(md::unavailable("o_proj"), "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (o_proj)");
 }
 
 TEST(Arch, UnavailableRefusesAnUnknownKernel) {
   EXPECT_EQ(error_of([] { md::unavailable("bogus"); }),
-            "kernel must be one of route, attn2, qkv_front, got 'bogus'");
-  EXPECT_EQ(error_of([] { md::unavailable(""); }), "kernel must be one of route, attn2, qkv_front, got ''");
+            "kernel must be one of route, attn2, qkv_front, o_proj, got 'bogus'");
+  EXPECT_EQ(error_of([] { md::unavailable(""); }), "kernel must be one of route, attn2, qkv_front, o_proj, got ''");
   EXPECT_EQ(error_of([] { md::unavailable("attn2 "); }),
-            "kernel must be one of route, attn2, qkv_front, got 'attn2 '");
+            "kernel must be one of route, attn2, qkv_front, o_proj, got 'attn2 '");
 }
 
 TEST(Arch, DeviceQueriesRefuseANegativeOrdinal) {

@@ -27,6 +27,7 @@ OP_NAMES = [  # the API shape every op shares, by op
     "qkv_front", "unsupported_qkv_front_call", "prepare_qkv_front", "QkvFront",
     "qkv_front_supports_call", "qkv_front_supports_shape", "qkv_front_workspace_bytes",
     "qkv_front_workspace_bytes_for_device",
+    "o_proj", "unsupported_o_proj_call", "prepare_o_proj", "OProj", "unsupported_o_proj",
 ]
 
 

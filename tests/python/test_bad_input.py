@@ -220,9 +220,9 @@ def test_prepare_names_the_op_once_and_says_what_it_found(op):
 @pytest.mark.parametrize(
     "kernel, message",
     [
-        ("bogus", "kernel must be one of route, attn2, qkv_front, got 'bogus'"),
-        ("", "kernel must be one of route, attn2, qkv_front, got ''"),
-        ("ATTN2", "kernel must be one of route, attn2, qkv_front, got 'ATTN2'"),
+        ("bogus", "kernel must be one of route, attn2, qkv_front, o_proj, got 'bogus'"),
+        ("", "kernel must be one of route, attn2, qkv_front, o_proj, got ''"),
+        ("ATTN2", "kernel must be one of route, attn2, qkv_front, o_proj, got 'ATTN2'"),
         (None, "kernel must be a string, got NoneType"),
         (3, "kernel must be a string, got int"),
         (object(), "kernel must be a string, got object"),
@@ -404,6 +404,47 @@ def test_unsupported_projection_names_a_missing_attribute():
     assert md.unsupported_projection(attn) == "attn has no attribute 'head_dim'"
 
 
+def o_proj_layer(**over):
+    proj = types.SimpleNamespace(weight=FakeTensor([8192, 1024], "bfloat16", ptr=0x10000000), bias=None,
+                                 quant_method=None, input_is_parallel=True, tp_size=8)
+    attn = types.SimpleNamespace(o_proj=proj, num_heads=16, head_dim=64)
+    for k, v in over.items():
+        target, name = (proj, k[5:]) if k.startswith("proj_") else (attn, k)
+        setattr(target, name, v)
+    return attn
+
+
+@pytest.mark.parametrize(
+    "over, reason",
+    [
+        ({}, None),
+        (dict(o_proj=None), "no output-projection weight"),
+        (dict(num_heads="16"), "attn.num_heads " + NOT_INT + "str"),
+        (dict(num_heads=12), re.escape("12 query heads per rank (o_proj serves 8, 16, 32, 64 or 128: K ") + ".*"),
+        (dict(head_dim=128), re.escape("head_dim 128 (o_proj is built for 64)")),
+        (dict(proj_bias=FakeTensor([8192], "bfloat16", ptr=0x500)), re.escape("an output projection with a bias") + ".*"),
+        (dict(proj_quant_method=object()), "a quantized output projection.*"),
+        (dict(proj_input_is_parallel=False), "an output projection whose input is not parallel over TP 8.*"),
+        (dict(proj_weight=FakeTensor([8192, 1024], "float32", ptr=0x10000000)), "a float32 output-projection weight.*"),
+        (dict(proj_weight=FakeTensor([1024, 8192], "bfloat16", ptr=0x10000000)),
+         re.escape("an output-projection weight of shape [1024, 8192] (o_proj reads [8192, 1024] for 16 query heads)")),
+        (dict(proj_weight="w"), "attn.o_proj.weight .*"),
+    ],
+)
+def test_unsupported_o_proj_reads_any_layer(over, reason):
+    got = md.unsupported_o_proj(o_proj_layer(**over))
+    if reason is None:
+        assert got is None
+    else:
+        assert isinstance(got, str) and re.fullmatch(reason, got), got
+
+
+@pytest.mark.parametrize("garbage", [None, 3, "x", object()])
+def test_unsupported_o_proj_answers_any_object(garbage):
+    got = md.unsupported_o_proj(garbage)
+    assert isinstance(got, str) and got.startswith("attn has no attribute"), got
+
+
 # ---- the ops and their call checks ----------------------------------------------------
 
 def route_call():
@@ -436,13 +477,22 @@ def front_call():
                 workspace=FakeTensor([1 << 22], "uint8", ptr=0x30000000, device=d), pdl=True)
 
 
+
+def o_proj_call():
+    d, bf16 = UNPREPARED, "bfloat16"
+    return dict(x=FakeTensor((8, 1024), bf16, ptr=0x70000000, device=d),
+                weight=FakeTensor((8192, 1024), bf16, ptr=0x10000000, device=d),
+                out=FakeTensor((8, 8192), bf16, ptr=0x60000000, device=d), pdl=True)
+
+
 OPS = [
     (md.route, md.unsupported_route_call, route_call, "route on cuda:63 needs prepare_route(63) first"),
     (md.attn2, md.unsupported_attn2_call, attn2_call, "attn2 on cuda:63 needs prepare_attn2(63) first"),
     (md.qkv_front, md.unsupported_qkv_front_call, front_call,
      "qkv_front on cuda:63 needs prepare_qkv_front(63) first"),
+    (md.o_proj, md.unsupported_o_proj_call, o_proj_call, "o_proj on cuda:63 needs prepare_o_proj(63) first"),
 ]
-OP_IDS = ["route", "attn2", "qkv_front"]
+OP_IDS = ["route", "attn2", "qkv_front", "o_proj"]
 # Values no argument of any op accepts: not a tensor, an integer, a number, a
 # switch or a RoutingMetadata.
 CALL_GARBAGE = ["x", object(), [1, 2]]
@@ -511,7 +561,8 @@ def test_route_scalars(call, message):
 
 def test_pdl_is_checked_by_every_op():
     for op, why_not, good in [(md.attn2, md.unsupported_attn2_call, attn2_call),
-                              (md.qkv_front, md.unsupported_qkv_front_call, front_call)]:
+                              (md.qkv_front, md.unsupported_qkv_front_call, front_call),
+                              (md.o_proj, md.unsupported_o_proj_call, o_proj_call)]:
         for pdl, shown in [("yes", "str"), (None, "NoneType"), (-1, "-1"), (1.0, "float")]:
             args = {**good(), "pdl": pdl}
             message = f"pdl must be True or False, got {shown}"
