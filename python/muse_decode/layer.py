@@ -21,6 +21,7 @@ from .attention import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes,
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
 from .front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
 from .platform import supported_gpu
+from .projection import OProj, prepare_o_proj, unsupported_o_proj
 from .routing import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
 
 ROPE_THETA = 500000.0
@@ -33,6 +34,7 @@ class Plan:
 
     front: bool
     attention: bool
+    out_proj: bool
     routing: bool
     reason: str | None = None
 
@@ -110,7 +112,8 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         assert weight.shape[0] == n
         self.qkv_proj = SimpleNamespace(weight=weight, bias=None, quant_method=None, gather_output=False,
                                         tp_size=tp_size)
-        self.o_proj = SimpleNamespace(weight=full_o[:, qs].contiguous())
+        self.o_proj = SimpleNamespace(weight=full_o[:, qs].contiguous(), bias=None, quant_method=None,
+                                      input_is_parallel=True, tp_size=tp_size)
         self.rotary_emb = (SimpleNamespace(rotary_dim=HEAD_DIM, is_neox_style=False,
                                            cos_sin_cache=rope_table(max_model_len, device))
                            if self.use_rope else None)
@@ -128,21 +131,22 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     # ---------------------------------------------------------------------
     def unsupported(self) -> str | None:
         """Why this layer cannot use the fused ops at all, or None."""
-        return unsupported_attn2(self) or unsupported_projection(self) or unsupported_router(self.router)
+        return (unsupported_attn2(self) or unsupported_projection(self) or unsupported_o_proj(self)
+                or unsupported_router(self.router))
 
     def plan(self, num_tokens: int, num_reqs: int, device) -> Plan:
         """The verify step (8 tokens per request) goes to the fused ops on a
         supported GPU; prefill, other lengths, unsupported layers or GPUs go
-        to the stock path. route takes at most 8 tokens, qkv_front 16."""
+        to the stock path. route takes at most 8 tokens, qkv_front 16, o_proj 64."""
         dev = torch.device(device)
         if dev.type != "cuda" or not supported_gpu(dev.index if dev.index is not None else -1):
-            return Plan(False, False, False, "not an SM90/SM100 GPU")
+            return Plan(False, False, False, False, "not an SM90/SM100 GPU")
         if num_tokens != QUERY_LEN * num_reqs:
-            return Plan(False, False, False, f"{num_tokens} tokens for {num_reqs} requests is not a verify step")
+            return Plan(False, False, False, False, f"{num_tokens} tokens for {num_reqs} requests is not a verify step")
         why = self.unsupported()
         if why is not None:
-            return Plan(False, False, False, why)
-        return Plan(num_tokens <= 16, True, num_tokens <= 8)
+            return Plan(False, False, False, False, why)
+        return Plan(num_tokens <= 16, True, num_tokens <= 64, num_tokens <= 8)
 
     def prepare(self, num_reqs: int):
         """One-time setup of the fused path for up to num_reqs requests:
@@ -151,6 +155,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         dev = self.qkv_proj.weight.device
         prepare_attn2(dev.index or 0)
         prepare_qkv_front(dev.index or 0)
+        self._o_proj = OProj(self.o_proj.weight)  # checks the weight once, prepares its device
         self.splits = attn2_splits(self.max_model_len, self.window, self.num_kv_heads)
         self.attn_ws = torch.zeros(max(attn2_workspace_bytes(num_reqs, self.num_kv_heads, self.splits), 16),
                                    dtype=torch.uint8, device=dev)
@@ -180,7 +185,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
                 all_reduce=None):
         t, r = x.shape[0], seq_lens.shape[0]
         plan = plan or self.plan(t, r, x.device)
-        if (plan.front or plan.attention or plan.routing) and not self._fused_ready:
+        if (plan.front or plan.attention or plan.out_proj or plan.routing) and not self._fused_ready:
             raise RuntimeError("call prepare() before a fused step (outside graph capture)")
         cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
         kvh = self.num_kv_heads
@@ -199,7 +204,12 @@ class MuseSparkAttentionRouting(torch.nn.Module):
             self._attn(q, gate, block_table, seq_lens, attn)
         else:
             attn = stock.attn2(q, gate, kv_cache, block_table, seq_lens, self.window, self.max_model_len)
-        o = attn @ self.o_proj.weight.t()
+        # The output projection: this rank's partial sum.
+        if plan.out_proj:
+            o = torch.empty(t, HIDDEN_SIZE, dtype=x.dtype, device=x.device)
+            self._o_proj(attn, o)
+        else:
+            o = attn @ self.o_proj.weight.t()
         if all_reduce is not None:
             all_reduce(o)
         h = x + o

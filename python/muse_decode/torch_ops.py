@@ -2,7 +2,8 @@
 torch.compile users: each is opaque to the compiler, mutates its outputs in
 place and returns nothing. Importing this module registers them (it needs
 PyTorch). Each is the package's checked op: prepare the device first
-(prepare_route, prepare_attn2, prepare_qkv_front), outside graph capture.
+(prepare_route, prepare_attn2, prepare_qkv_front, prepare_o_proj), outside
+graph capture.
 Eager callers should call the package's functions directly: a
 torch.library.custom_op call costs tens of microseconds of host time
 (42 us measured on the H200 host), the direct call a few.
@@ -10,6 +11,7 @@ torch.library.custom_op call costs tens of microseconds of host time
     torch.ops.muse_decode.route(logits, bias, route_scale, ids, weights, metadata, offset, count, tile_n)
     torch.ops.muse_decode.attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits)
     torch.ops.muse_decode.qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
+    torch.ops.muse_decode.o_proj(x, weight, out)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from .attention import attn2 as _attn2
 from .front import qkv_front as _qkv_front
+from .projection import o_proj as _o_proj
 from .routing import RoutingMetadata as _RoutingMetadata
 from .routing import route as _route
 
@@ -57,4 +60,14 @@ def qkv_front(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, co
 
 @qkv_front.register_fake
 def _(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace):
+    return None
+
+
+@torch.library.custom_op("muse_decode::o_proj", mutates_args=("out",))
+def o_proj(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    _o_proj(x, weight, out)
+
+
+@o_proj.register_fake
+def _(x, weight, out):
     return None

@@ -98,16 +98,17 @@ def test_layer_attributes_read_like_vllm():
 
 def test_planner(monkeypatch):
     layer = small_layer()
-    assert layer.plan(8, 1, "cpu") == L.Plan(False, False, False, "not an SM90/SM100 GPU")
+    assert layer.plan(8, 1, "cpu") == L.Plan(False, False, False, False, "not an SM90/SM100 GPU")
     monkeypatch.setattr(L, "supported_gpu", lambda device=-1: True)
     monkeypatch.setattr(layer, "unsupported", lambda: None)
-    assert layer.plan(8, 1, "cuda:0") == L.Plan(True, True, True)
-    assert layer.plan(16, 2, "cuda:0") == L.Plan(True, True, False)  # route takes at most 8 tokens
-    assert layer.plan(24, 3, "cuda:0") == L.Plan(False, True, False)  # qkv_front takes at most 16
+    assert layer.plan(8, 1, "cuda:0") == L.Plan(True, True, True, True)
+    assert layer.plan(16, 2, "cuda:0") == L.Plan(True, True, True, False)  # route takes at most 8 tokens
+    assert layer.plan(24, 3, "cuda:0") == L.Plan(False, True, True, False)  # qkv_front takes at most 16
+    assert layer.plan(72, 9, "cuda:0") == L.Plan(False, True, False, False)  # o_proj takes at most 64 rows
     assert not layer.plan(5, 1, "cuda:0").attention  # not a verify step
     assert not layer.plan(512, 1, "cuda:0").front  # prefill
     monkeypatch.setattr(layer, "unsupported", lambda: "head_dim 128 (the kernel has 64)")
-    assert layer.plan(8, 1, "cuda:0") == L.Plan(False, False, False, "head_dim 128 (the kernel has 64)")
+    assert layer.plan(8, 1, "cuda:0") == L.Plan(False, False, False, False, "head_dim 128 (the kernel has 64)")
 
 
 def test_layer_stock_step_on_cpu():

@@ -17,7 +17,7 @@ from muse_decode import stock  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 MAX_LEN, PAGES = 8192, 600
-STOCK = L.Plan(False, False, False, "forced")
+STOCK = L.Plan(False, False, False, False, "forced")
 
 
 def rel_rms_rows(a, b):
@@ -57,7 +57,7 @@ def test_fused_step_matches_stock(layer_idx):
     assert layer.unsupported() is None
     layer.prepare(num_reqs=1)
     plan = layer.plan(8, 1, "cuda")
-    assert plan == L.Plan(True, True, True)
+    assert plan == L.Plan(True, True, True, True)
     cache_f = L.paged_cache(PAGES, layer.num_kv_heads, "cuda")
     cache_s = cache_f.clone()
     x, pos, slots, table, lens = L.verify_step_inputs([4100], MAX_LEN, PAGES, "cuda")

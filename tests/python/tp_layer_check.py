@@ -31,7 +31,7 @@ from muse_decode import layer as L  # noqa: E402
 from muse_decode import stock  # noqa: E402
 
 MAX_LEN, PAGES, LENS, LAYER = 4096, 160, [1500], 0
-STOCK = L.Plan(False, False, False, "forced")
+STOCK = L.Plan(False, False, False, False, "forced")
 
 
 def step(tp_rank, tp_size, device, fused, all_reduce=None):
@@ -44,7 +44,7 @@ def step(tp_rank, tp_size, device, fused, all_reduce=None):
     if fused:
         layer.prepare(num_reqs=len(LENS))
         plan = layer.plan(x.shape[0], len(LENS), device)
-        assert plan == L.Plan(True, True, True), plan
+        assert plan == L.Plan(True, True, True, True), plan
     out = layer(x, pos, slots, cache, table, lens, layer.new_metadata(), plan, all_reduce)
     return x, out, layer
 
