@@ -9,8 +9,9 @@
 // kWStages blocks of the CTA's rows; the x ring kXStages blocks of x (all
 // NT * 8 token rows, those past T zero-filled by the TMA). 4 consumer warps
 // run mma.sync m16n8k16 with W as A (kRowTiles m16 tiles) and x^T as B
-// (tokens as n): warp w takes m-tile w % kRowTiles and the k-steps of its
-// k-group w / kRowTiles, and the k-groups are added in group order at the end.
+// (tokens as n): warp w takes the kMTilesPerWarp m-tiles of its row group
+// (w % kRowGroups) and the k-steps of its k-group (w / kRowGroups), and the
+// k-groups are added in group order at the end.
 #pragma once
 
 #include <cstdint>
@@ -50,25 +51,29 @@ static_assert(n_tiles_for(kOProjMaxTokens) * 8 == kOProjMaxTokens, "64 tokens: 8
 // kRowTiles_: m16 tiles per CTA (1, 2 or 4: 16, 32 or 64 output columns);
 // NT_: n-tiles of 8 tokens; kCtasPerSm_: CTAs of the kernel that fit on one
 // SM (the shared-memory budget of one); kWStages_: weight blocks in the ring
-// (kWStages_ >= K / 64: the CTA's whole share sits in shared memory and every
-// weight copy leaves before griddepcontrol.wait). The x ring takes what the
-// budget leaves, up to kMaxXStages.
-template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_>
+// (kWStages_ >= K / 64: the CTA's whole share sits in shared memory);
+// kMTilesPerWarp_: m-tiles each consumer warp multiplies by the same x
+// fragments (2 halves the shared-memory reads of x). The x ring takes what
+// the budget leaves, up to kMaxXStages.
+template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_>
 struct Config {
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int NT = NT_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kWStages = kWStages_;
+  static constexpr int kMTilesPerWarp = kMTilesPerWarp_;
 
-  static constexpr int kRows = 16 * kRowTiles;                // output columns per CTA
-  static constexpr int kCtas = kOProjOutWidth / kRows;        // the grid, whatever K and T
-  static constexpr int kKGroups = kConsumerWarps / kRowTiles;  // warps sharing each m-tile's k-steps
+  static constexpr int kRows = 16 * kRowTiles;                     // output columns per CTA
+  static constexpr int kCtas = kOProjOutWidth / kRows;             // the grid, whatever K and T
+  static constexpr int kRowGroups = kRowTiles / kMTilesPerWarp;    // warps side by side along the rows
+  static constexpr int kKGroups = kConsumerWarps / kRowGroups;     // warps sharing each row group's k-steps
   static constexpr int kStepsPerWarp = kKSteps / kKGroups;
   static constexpr int kTokens = NT * 8;
   // Independent accumulator chains per warp: one per k-step it takes while
-  // the n-tiles alone leave the tensor pipe idle between dependent MMAs (NT
-  // <= 2), fewer once the NT MMAs of a k-step already overlap.
-  static constexpr int kChains = NT <= 2 ? kStepsPerWarp : NT == 4 && kStepsPerWarp >= 2 ? 2 : 1;
+  // its m-tiles and n-tiles alone leave the tensor pipe idle between
+  // dependent MMAs, fewer once the MMAs of a k-step already overlap.
+  static constexpr int kMmasPerStep = kMTilesPerWarp * NT;
+  static constexpr int kChains = kMmasPerStep <= 2 ? kStepsPerWarp : kMmasPerStep == 4 && kStepsPerWarp >= 2 ? 2 : 1;
 
   static constexpr int kWBytes = kRows * kRowBytes;   // one weight box
   static constexpr int kXBytes = kTokens * kRowBytes;  // one x box
@@ -86,12 +91,14 @@ struct Config {
   static constexpr int kXOffset = kWStages * kWBytes;
   static constexpr int kBarrierOffset = kXOffset + kXStages * kXBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (2 * kWStages + 2 * kXStages) * 8;
-  static constexpr int kPartialBytes = 32 * NT * 16;  // one warp's m16 x NT*8 fp32 sums, a float4 per lane and n-tile
+  static constexpr int kPartialBytes = 32 * NT * 16;  // one m16 tile's NT*8 token sums, a float4 per lane and n-tile
   static constexpr int kPartialOffset = 0;
   static constexpr int kOutTileOffset = (kKGroups - 1) * kRowTiles * kPartialBytes;
   static constexpr int kOutTileBytes = kTokens * kRows * 2;  // [token][kRows] bf16
 
   static_assert(kRowTiles == 1 || kRowTiles == 2 || kRowTiles == 4, "16, 32 or 64 output columns per CTA");
+  static_assert(kMTilesPerWarp >= 1 && kRowTiles % kMTilesPerWarp == 0 && kConsumerWarps % kRowGroups == 0,
+                "the warps split the m-tiles evenly, each row group over whole k-groups");
   static_assert(kKSteps % kKGroups == 0, "each k-group takes whole k-steps of a block");
   static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "1, 2, 4 or 8 n-tiles of 8 tokens");
   static_assert(kOProjOutWidth % kRows == 0, "the grid covers the 8192 output columns exactly");

@@ -10,6 +10,7 @@
 
 #include "../common/ptx.cuh"
 #include "config.cuh"
+#include "mainloop.cuh"
 #include "pipeline.cuh"
 
 namespace muse_decode::oproj {
@@ -17,53 +18,58 @@ namespace muse_decode::oproj {
 // The consumer threads (all 128 come here) with this warp's sums in acc.
 // `smem`: the CTA's shared memory, every block consumed and no copy in flight.
 template <typename Cfg>
-__device__ __forceinline__ void store_tile(const float (&acc_in)[Cfg::NT][4], uint8_t* smem, int row0,
-                                          const OProjParams& p, int warp, int lane) {
-  const int m_tile = warp % Cfg::kRowTiles, k_group = warp / Cfg::kRowTiles;
+__device__ __forceinline__ void store_tile(WarpSums<Cfg>& acc, uint8_t* smem, int row0, const OProjParams& p,
+                                          int warp, int lane) {
+  const int row_group = warp % Cfg::kRowGroups, k_group = warp / Cfg::kRowGroups;
+  const int first_m_tile = row_group * Cfg::kMTilesPerWarp;
   float4* partials = reinterpret_cast<float4*>(smem + Cfg::kPartialOffset);
   __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(smem + Cfg::kOutTileOffset);
   constexpr int kPartialFloat4 = Cfg::kPartialBytes / 16;
-  float acc[Cfg::NT][4];
-#pragma unroll
-  for (int nt = 0; nt < Cfg::NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = acc_in[nt][e];
 
   sync_consumers();  // every warp is past its last block: the rings are free
   if constexpr (Cfg::kKGroups > 1) {
     if (k_group > 0) {
-      float4* mine = partials + ((k_group - 1) * Cfg::kRowTiles + m_tile) * kPartialFloat4;
 #pragma unroll
-      for (int nt = 0; nt < Cfg::NT; ++nt) mine[nt * 32 + lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
+      for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt) {
+        float4* mine = partials + ((k_group - 1) * Cfg::kRowTiles + first_m_tile + mt) * kPartialFloat4;
+#pragma unroll
+        for (int nt = 0; nt < Cfg::NT; ++nt)
+          mine[nt * 32 + lane] = make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
+      }
     }
     sync_consumers();
     if (k_group == 0) {
 #pragma unroll
-      for (int g = 1; g < Cfg::kKGroups; ++g) {
-        const float4* theirs = partials + ((g - 1) * Cfg::kRowTiles + m_tile) * kPartialFloat4;
+      for (int g = 1; g < Cfg::kKGroups; ++g)
 #pragma unroll
-        for (int nt = 0; nt < Cfg::NT; ++nt) {
-          const float4 v = theirs[nt * 32 + lane];
-          acc[nt][0] += v.x;
-          acc[nt][1] += v.y;
-          acc[nt][2] += v.z;
-          acc[nt][3] += v.w;
+        for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt) {
+          const float4* theirs = partials + ((g - 1) * Cfg::kRowTiles + first_m_tile + mt) * kPartialFloat4;
+#pragma unroll
+          for (int nt = 0; nt < Cfg::NT; ++nt) {
+            const float4 v = theirs[nt * 32 + lane];
+            acc[mt][nt][0] += v.x;
+            acc[mt][nt][1] += v.y;
+            acc[mt][nt][2] += v.z;
+            acc[mt][nt][3] += v.w;
+          }
         }
-      }
     }
   }
   // The accumulator layout of mma m16n8: rows g and g + 8 of the m-tile,
   // tokens 2q and 2q + 1 of each n-tile (g = lane / 4, q = lane % 4).
   if (k_group == 0) {
     const int g = lane >> 2, q = lane & 3;
-    const int col = m_tile * 16 + g;
 #pragma unroll
-    for (int nt = 0; nt < Cfg::NT; ++nt) {
-      const int tok = nt * 8 + q * 2;
-      tile[tok * Cfg::kRows + col] = __float2bfloat16_rn(acc[nt][0]);
-      tile[(tok + 1) * Cfg::kRows + col] = __float2bfloat16_rn(acc[nt][1]);
-      tile[tok * Cfg::kRows + col + 8] = __float2bfloat16_rn(acc[nt][2]);
-      tile[(tok + 1) * Cfg::kRows + col + 8] = __float2bfloat16_rn(acc[nt][3]);
+    for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt) {
+      const int col = (first_m_tile + mt) * 16 + g;
+#pragma unroll
+      for (int nt = 0; nt < Cfg::NT; ++nt) {
+        const int tok = nt * 8 + q * 2;
+        tile[tok * Cfg::kRows + col] = __float2bfloat16_rn(acc[mt][nt][0]);
+        tile[(tok + 1) * Cfg::kRows + col] = __float2bfloat16_rn(acc[mt][nt][1]);
+        tile[tok * Cfg::kRows + col + 8] = __float2bfloat16_rn(acc[mt][nt][2]);
+        tile[(tok + 1) * Cfg::kRows + col + 8] = __float2bfloat16_rn(acc[mt][nt][3]);
+      }
     }
   }
   sync_consumers();

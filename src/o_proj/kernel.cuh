@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     if (lane == 0) produce<Cfg>(rings, &w_map, &x_map, row0, blocks);
     return;
   }
-  float acc[Cfg::NT][4];
+  WarpSums<Cfg> acc;
   mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc);
   store_tile<Cfg>(acc, smem, row0, p, warp, lane);
 }

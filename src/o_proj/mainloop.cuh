@@ -1,6 +1,7 @@
-// The consumers' mainloop: warp w multiplies its m16 tile (w % kRowTiles) of
-// every weight block by x^T over the k-steps of its k-group (w / kRowTiles),
-// mma.sync m16n8k16, bf16 in, fp32 accumulators. A block's ldmatrix loads all
+// The consumers' mainloop: warp w multiplies the kMTilesPerWarp m16 tiles of
+// its row group (w % kRowGroups) of every weight block by x^T over the
+// k-steps of its k-group (w / kRowGroups), mma.sync m16n8k16, bf16 in, fp32
+// accumulators; the x fragments of a k-step serve all of the warp's m-tiles. A block's ldmatrix loads all
 // go out before its MMAs; the warp gives the block's two stages back as soon
 // as its fragments are in registers, so the producer refills them while the
 // MMAs run; the MMAs alternate over kChains independent accumulators, summed
@@ -25,22 +26,22 @@ __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
 // matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B: x rows (tokens) as
 // matrices (k 0-7 | 8-15) x (tokens 0-7 | 8-15) of an n-tile pair.
 struct Lane {
-  int a_row, a_chunk, b_row, b_chunk;
-  int first_step;  // the warp's k-group's first k-step of a block
+  int a_row, a_chunk, b_row, b_chunk;  // a_row: in the warp's first m-tile
+  int first_step;                      // the warp's k-group's first k-step of a block
 
   template <typename Cfg>
   __device__ __forceinline__ static Lane of(int warp, int lane) {
-    const int m_tile = warp % Cfg::kRowTiles, k_group = warp / Cfg::kRowTiles;
-    return {m_tile * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4, (lane & 7) + (lane >> 4) * 8,
-            (lane >> 3) & 1, k_group * Cfg::kStepsPerWarp};
+    const int row_group = warp % Cfg::kRowGroups, k_group = warp / Cfg::kRowGroups;
+    return {row_group * Cfg::kMTilesPerWarp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4,
+            (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1, k_group * Cfg::kStepsPerWarp};
   }
 };
 
-// One block's operands of one warp: A for its k-steps, B for the NT n-tiles
-// (n-tile nt in b[j][2 nt], b[j][2 nt + 1]).
+// One block's operands of one warp: A of its m-tiles for its k-steps, B for
+// the NT n-tiles (n-tile nt in b[j][2 nt], b[j][2 nt + 1]).
 template <typename Cfg>
 struct BlockFrags {
-  uint32_t a[Cfg::kStepsPerWarp][4];
+  uint32_t a[Cfg::kStepsPerWarp][Cfg::kMTilesPerWarp][4];
   uint32_t b[Cfg::kStepsPerWarp][2 * Cfg::NT];
 };
 
@@ -49,7 +50,9 @@ __device__ __forceinline__ void load_block(BlockFrags<Cfg>& f, uint32_t w_s, uin
 #pragma unroll
   for (int j = 0; j < Cfg::kStepsPerWarp; ++j) {
     const int ks = l.first_step + j;
-    ptx::ldmatrix_x4(f.a[j], w_s + swizzled(l.a_row, ks * 2 + l.a_chunk));
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
+      ptx::ldmatrix_x4(f.a[j][mt], w_s + swizzled(l.a_row + mt * 16, ks * 2 + l.a_chunk));
     if constexpr (Cfg::NT == 1) {
       uint32_t (&b)[2] = *reinterpret_cast<uint32_t(*)[2]>(&f.b[j][0]);
       ptx::ldmatrix_x2(b, x_s + swizzled(l.b_row & 7, ks * 2 + l.b_chunk));
@@ -63,47 +66,59 @@ __device__ __forceinline__ void load_block(BlockFrags<Cfg>& f, uint32_t w_s, uin
   }
 }
 
-// A warp's accumulators: kChains chains of NT n-tiles; k-step j of a block
+// A warp's sums: its m-tiles' NT n-tiles, the accumulator fragments of mma m16n8.
+template <typename Cfg>
+using WarpSums = float[Cfg::kMTilesPerWarp][Cfg::NT][4];
+
+// A warp's accumulators: kChains chains of its sums; k-step j of a block
 // goes into chain j % kChains.
 template <typename Cfg>
 struct Accumulators {
-  float c[Cfg::kChains][Cfg::NT][4];
+  float c[Cfg::kChains][Cfg::kMTilesPerWarp][Cfg::NT][4];
 
   __device__ __forceinline__ void zero() {
 #pragma unroll
     for (int ch = 0; ch < Cfg::kChains; ++ch)
 #pragma unroll
-      for (int nt = 0; nt < Cfg::NT; ++nt) c[ch][nt][0] = c[ch][nt][1] = c[ch][nt][2] = c[ch][nt][3] = 0.0f;
+      for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[ch][mt][nt][e] = 0.0f;
   }
 
   __device__ __forceinline__ void mma(const BlockFrags<Cfg>& f) {
 #pragma unroll
     for (int j = 0; j < Cfg::kStepsPerWarp; ++j)
 #pragma unroll
-      for (int nt = 0; nt < Cfg::NT; ++nt)
-        ptx::mma_m16n8k16_bf16(c[j % Cfg::kChains][nt], f.a[j], f.b[j][2 * nt], f.b[j][2 * nt + 1]);
+      for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::NT; ++nt)
+          ptx::mma_m16n8k16_bf16(c[j % Cfg::kChains][mt][nt], f.a[j][mt], f.b[j][2 * nt], f.b[j][2 * nt + 1]);
   }
 
   // acc = chain 0 + chain 1 + ... (this order).
-  __device__ __forceinline__ void sum(float (&acc)[Cfg::NT][4]) const {
+  __device__ __forceinline__ void sum(WarpSums<Cfg>& acc) const {
 #pragma unroll
-    for (int nt = 0; nt < Cfg::NT; ++nt)
+    for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = c[0][nt][e];
+      for (int nt = 0; nt < Cfg::NT; ++nt)
 #pragma unroll
-        for (int ch = 1; ch < Cfg::kChains; ++ch) v += c[ch][nt][e];
-        acc[nt][e] = v;
-      }
+        for (int e = 0; e < 4; ++e) {
+          float v = c[0][mt][nt][e];
+#pragma unroll
+          for (int ch = 1; ch < Cfg::kChains; ++ch) v += c[ch][mt][nt][e];
+          acc[mt][nt][e] = v;
+        }
   }
 };
 
 // The consumer warps' loop over the CTA's `blocks` blocks: wait for the
 // block's weight and x, load the fragments, release both stages, multiply.
-// acc: this warp's sums of its m-tile over its k-group's k-steps.
+// acc: this warp's sums of its m-tiles over its k-group's k-steps.
 template <typename Cfg>
 __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, const Lane& l, int lane,
-                                           float (&acc)[Cfg::NT][4]) {
+                                           WarpSums<Cfg>& acc) {
   Accumulators<Cfg> chains;
   chains.zero();
   for (int b = 0; b < blocks; ++b) {

@@ -17,18 +17,36 @@
 namespace muse_decode::oproj {
 namespace {
 
-// The configuration of each n-tile count (T <= 8, 16, 32, 64). 32 output
-// columns per CTA (256 CTAs): the CTA's whole TP8 weight share (16 blocks of
-// 4 KB, 64 KB) sits in shared memory, so every weight copy leaves before
-// griddepcontrol.wait, and at one or two n-tiles three CTAs fit per SM: the
-// 256 CTAs of one launch take two per SM and leave a third slot on every SM
-// to the next launch, which streams its share while this one finishes. With
-// four or eight n-tiles the x boxes (4-8 KB each) need the room of two CTAs
-// per SM.
-using ConfigNt1 = Config<2, 1, 3, 16>;
-using ConfigNt2 = Config<2, 2, 3, 16>;
-using ConfigNt4 = Config<2, 4, 2, 16>;
-using ConfigNt8 = Config<2, 8, 2, 16>;
+// The configuration of each n-tile count (T <= 8, 16, 32, 64) and K. Every
+// one has 64 output columns per CTA (128 CTAs, 4 SMs of an H200 idle): 32
+// columns (256 CTAs) and 16 (512) ran slower (H200, TP8, T = 1, PDL: 5.9-6.3
+// and 10.2 us against 5.3-5.5).
+//
+// Short K (512 and 1024, TP16 and TP8: 8-16 blocks; measured at TP8): two
+// CTAs per SM, so that the next launch's CTAs are resident while this one
+// runs and stream their ring before their griddepcontrol.wait. H200, TP8,
+// PDL, us at T = 1 / 8 / 16 / 32 / 64 (bench_o_proj's method, one run):
+// 8 blocks of the 16 in the ring and two m-tiles per warp 5.26 / 5.32 / 5.54
+// / 6.50 / 7.52; 6 blocks (a deeper x ring) 5.64 / 5.68 / 5.73 / 6.39 / 7.39;
+// 12 blocks 5.47 / 5.66 / 5.86 / 7.18 / 8.47 (one m-tile per warp 5.42 /
+// 5.66 / 6.14 / 7.25 / 9.72); the whole 128 KB share with one CTA per SM
+// 6.02 / 6.06 / 6.46 / 7.29 / 8.78 (the next launch's CTAs find no room until
+// this one's leave).
+using ShortNt1 = Config<4, 1, 2, 8, 2>;
+using ShortNt2 = Config<4, 2, 2, 8, 2>;
+using ShortNt4 = Config<4, 4, 2, 6, 2>;
+using ShortNt8 = Config<4, 8, 2, 6, 2>;
+// Long K (2048 to 8192, TP4 to TP1: 32-128 blocks): one CTA per SM with 16
+// blocks in the ring. The stream dominates, and a co-resident next launch
+// only competes with it. H200, PDL, us at T = 1 / 8 / 16 / 32 / 64: TP1 31.2
+// / 31.5 / 32.0 / 33.2 / 38.1, against 32.7 / 32.7 / 33.6 / 36.1 / 44.6 with
+// the short-K configuration; TP4 9.0 / 9.0 / 9.6 / 10.7 / 13.2 against 9.7 /
+// 9.8 / 10.2 / 10.8 / 13.2. One m-tile per warp: TP1 T = 64 39.1.
+using LongNt1 = Config<4, 1, 1, 16, 2>;
+using LongNt2 = Config<4, 2, 1, 16, 2>;
+using LongNt4 = Config<4, 4, 1, 16, 2>;
+using LongNt8 = Config<4, 8, 1, 16, 2>;
+constexpr int kLongK = 2048;
 
 }  // namespace
 }  // namespace muse_decode::oproj
@@ -38,10 +56,11 @@ namespace muse_decode::detail {
 int o_proj_set_kernel_attributes() {
   using namespace oproj;
   if (!encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
-  cudaError_t err = set_smem_limit<ConfigNt1>();
-  if (err == cudaSuccess) err = set_smem_limit<ConfigNt2>();
-  if (err == cudaSuccess) err = set_smem_limit<ConfigNt4>();
-  if (err == cudaSuccess) err = set_smem_limit<ConfigNt8>();
+  cudaError_t err = cudaSuccess;
+  for (const cudaError_t e : {set_smem_limit<ShortNt1>(), set_smem_limit<ShortNt2>(), set_smem_limit<ShortNt4>(),
+                              set_smem_limit<ShortNt8>(), set_smem_limit<LongNt1>(), set_smem_limit<LongNt2>(),
+                              set_smem_limit<LongNt4>(), set_smem_limit<LongNt8>()})
+    if (err == cudaSuccess) err = e;
   return static_cast<int>(err);
 }
 
@@ -51,13 +70,18 @@ int o_proj_launch(const OProjParams& p, Stream stream) {
   if (p.num_tokens < 1 || p.num_tokens > kOProjMaxTokens || !o_proj_supports_in_width(p.in_width))
     return static_cast<int>(cudaErrorInvalidValue);
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  // Flat dispatch on the n-tile count.
+  // Flat dispatch on (K class, n-tile count).
+  const bool long_k = p.in_width >= kLongK;
   cudaError_t err;
-  switch (n_tiles_for(p.num_tokens)) {
-    case 1: err = launch_config<ConfigNt1>(p, s); break;
-    case 2: err = launch_config<ConfigNt2>(p, s); break;
-    case 4: err = launch_config<ConfigNt4>(p, s); break;
-    default: err = launch_config<ConfigNt8>(p, s); break;
+  switch (n_tiles_for(p.num_tokens) * (long_k ? -1 : 1)) {
+    case 1: err = launch_config<ShortNt1>(p, s); break;
+    case 2: err = launch_config<ShortNt2>(p, s); break;
+    case 4: err = launch_config<ShortNt4>(p, s); break;
+    case 8: err = launch_config<ShortNt8>(p, s); break;
+    case -1: err = launch_config<LongNt1>(p, s); break;
+    case -2: err = launch_config<LongNt2>(p, s); break;
+    case -4: err = launch_config<LongNt4>(p, s); break;
+    default: err = launch_config<LongNt8>(p, s); break;
   }
   return static_cast<int>(err);
 }

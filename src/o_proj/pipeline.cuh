@@ -5,8 +5,8 @@
 // b % kXStages; each stage has a full barrier (the producer's arrival and the
 // copy's bytes) and an empty barrier (one arrival per consumer warp). The
 // weight does not depend on the previous kernel, so every weight copy that
-// has a free stage leaves before griddepcontrol.wait (at TP8 the CTA's whole
-// share); x, the previous kernel's output, only after it.
+// has a free stage leaves before griddepcontrol.wait; x, the previous
+// kernel's output, only after it.
 #pragma once
 
 #include <cuda.h>
