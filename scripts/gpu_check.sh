@@ -88,7 +88,7 @@ mkdir -p bench/results
 for py in bench/bench_*.py; do
   op=$(basename "$py" .py); op=${op#bench_}
   [ -n "$ONLY" ] && [ "$op" != "$ONLY" ] && continue
-  $PY "$py" || status=1
+  MUSE_DECODE_TOOL="$BUILD/muse-decode" $PY "$py" || status=1
 done
 for exe in "$BUILD"/bench_*; do
   [ -x "$exe" ] || continue

@@ -185,6 +185,16 @@ void unfused_front(const UnfusedFrontArgs& a, void* handle, cudaStream_t stream)
                                                                static_cast<__nv_bfloat16*>(a.kv_cache));
 }
 
+void unfused_o_proj(const UnfusedOProjArgs& a, void* cublas_handle, cudaStream_t stream) {
+  auto h = static_cast<cublasHandle_t>(cublas_handle);
+  cublasSetStream(h, stream);
+  const float one = 1.0f, zero = 0.0f;
+  // Column-major view: out^T [8192, T] = W [8192, K] (row-major = col-major W^T) x x^T.
+  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kHiddenSize, a.tokens, a.in_width, &one, a.weight, CUDA_R_16BF,
+               a.in_width, a.x, CUDA_R_16BF, a.in_width, &zero, a.out, CUDA_R_16BF, kHiddenSize, CUBLAS_COMPUTE_32F,
+               CUBLAS_GEMM_DEFAULT);
+}
+
 void unfused_attention(const UnfusedAttentionArgs& a, cudaStream_t stream) {
   const int blocks = a.reqs * kVerifyLen * kHeadsPerKvHead * a.num_kv_heads;
   attention_kernel<<<blocks, 128, 0, stream>>>(a);

@@ -23,6 +23,16 @@ struct UnfusedFrontArgs {
 };
 void unfused_front(const UnfusedFrontArgs& a, void* cublas_handle, cudaStream_t stream);
 
+// bf16 out [T, 8192] = x [T, K] W^T (cuBLAS, fp32 accumulation): the
+// attention output projection as the stock path runs it.
+struct UnfusedOProjArgs {
+  const void* x;            // bf16 [T, K] contiguous
+  const void* weight;       // bf16 [8192, K]
+  void* out;                // bf16 [T, 8192]
+  int tokens, in_width;
+};
+void unfused_o_proj(const UnfusedOProjArgs& a, void* cublas_handle, cudaStream_t stream);
+
 // Paged attention of the 8 rows of each request (one block per row and head),
 // then the o-norm and sigmoid gate (a second kernel).
 struct UnfusedAttentionArgs {

@@ -17,6 +17,7 @@
 #include "graph_timing.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
+#include "muse_decode/o_proj.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/route.h"
@@ -120,20 +121,25 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   const int window = attn2_window(d.sliding ? std::optional<int>(kSlidingWindow) : std::nullopt, L);
   const int splits = attn2_splits(L, window, kvh);
   const int local = kNumExperts / d.tp;
+  const int k_in = heads * kHeadDim;  // o_proj's input width
   const double weight_bytes = double(n) * kHiddenSize * 2;
+  const double o_weight_bytes = double(kHiddenSize) * k_in * 2;
   const double cache_bytes = double(R) * pages_per_req * kvh * kPageSize * 128 * 2;
-  const int layers = d.layers ? d.layers
-                              : std::clamp(int(std::ceil(3 * 60e6 / (weight_bytes + cache_bytes))), 2, 16);
+  const int layers =
+      d.layers ? d.layers
+               : std::clamp(int(std::ceil(3 * 60e6 / (weight_bytes + o_weight_bytes + cache_bytes))), 2, 16);
   std::mt19937 rng(2026);
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   prepare_attn2();
   prepare_qkv_front();
   prepare_route();
+  prepare_o_proj();
 
   note(d, "allocating random weights and caches");
   Device<uint16_t> x(size_t(T) * kHiddenSize), w(size_t(layers) * n * kHiddenSize), out(size_t(T) * n),
-      attn(size_t(T) * heads * kHeadDim), cache(size_t(layers) * R * pages_per_req * kvh * kPageSize * 128);
+      attn(size_t(T) * heads * kHeadDim), cache(size_t(layers) * R * pages_per_req * kvh * kPageSize * 128),
+      wo(size_t(layers) * kHiddenSize * k_in), hidden(size_t(T) * kHiddenSize);
   Device<float> cos_sin(size_t(L) * 64), scratch(size_t(T) * heads * kHeadDim);
   Device<int64_t> positions(T), slots(T);
   Device<int32_t> table(size_t(R) * pages_per_req), lens(R);
@@ -141,6 +147,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   for (int l = 0; l < layers; ++l) {
     w.upload(random_bf16(size_t(n) * kHiddenSize, 0.02f, rng), size_t(l) * n * kHiddenSize);
     cache.upload(random_bf16(cache.n / layers, 1.0f, rng), cache.n / layers * l);
+    wo.upload(random_bf16(size_t(kHiddenSize) * k_in, 0.03f, rng), size_t(l) * kHiddenSize * k_in);
   }
   std::vector<float> cs(size_t(L) * 64);
   for (int p = 0; p < L; ++p)
@@ -208,6 +215,13 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     a.window = window;
     a.num_splits = splits;
     attn2(a, reinterpret_cast<Stream>(stream));
+  };
+  auto o_proj_call = [&](int l) {  // attn2's rows through this layer's output projection (pdl)
+    OProjArgs a;
+    a.x = make_tensor(attn.ptr, DType::kBFloat16, {T, k_in});
+    a.weight = make_tensor(wo.ptr + size_t(l) * kHiddenSize * k_in, DType::kBFloat16, {kHiddenSize, k_in});
+    a.out = make_tensor(hidden.ptr, DType::kBFloat16, {T, kHiddenSize});
+    o_proj(a, reinterpret_cast<Stream>(stream));
   };
   std::vector<OpResult> results;
 
@@ -287,6 +301,36 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     r.detail = buf;
     const double keys = window ? std::min<double>(L, window + kVerifyLen - 1) : L;
     r.bytes = R * keys * kvh * 256.0 + 3.0 * T * heads * kHeadDim * 2;
+    results.push_back(r);
+  }
+  // ---- o_proj: layer 0's projection of attn2's rows, against the fp64 sums ------
+  o_proj_call(0);
+  cuda_ok(cudaStreamSynchronize(stream), "o_proj");
+  {
+    note(d, "checking o_proj against the CPU reference");
+    const auto hattn = attn.download(attn.n);
+    const auto hwo = wo.download(size_t(kHiddenSize) * k_in);
+    const auto hhidden = hidden.download(hidden.n);
+    std::vector<double> y(size_t(T) * kHiddenSize);
+    reference::o_proj_exact(hattn.data(), k_in, T, hwo.data(), k_in, y.data());
+    double worst = 0;
+    for (int t = 0; t < T; ++t) {
+      double num = 0, den = 0;
+      for (int c = 0; c < kHiddenSize; ++c) {
+        const double ref = y[size_t(t) * kHiddenSize + c];
+        const double got = reference::bf16_bits_to_float(hhidden[size_t(t) * kHiddenSize + c]);
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+      }
+      worst = std::max(worst, std::isfinite(num) && den > 0 ? std::sqrt(num / den) : INFINITY);
+    }
+    OpResult r;
+    r.op = "o_proj";
+    r.pass = worst <= 5e-3;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%d rows: worst relative RMS per row %.2e (bar 5e-3)", T, worst);
+    r.detail = buf;
+    r.bytes = o_weight_bytes + T * (k_in + kHiddenSize) * 2.0;
     results.push_back(r);
   }
   // ---- route: 8 tokens per call, every request's tokens ------------------------
@@ -374,12 +418,49 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
                       stream);
   });
   note(d, "timing route (fused and unfused)");
-  results[2].us = time_it(route_calls, route_call);
-  results[2].unfused_us = time_it(64, [&](int i) {
+  results[3].us = time_it(route_calls, route_call);
+  results[3].unfused_us = time_it(64, [&](int i) {
     unfused_route(UnfusedRouteArgs{d_logits.ptr + size_t(i) * 8 * kNumExperts, d_bias.ptr, d_ids.ptr + i * 64, d_weights.ptr + i * 64,
                    d_md.ptr + i * md_len, 8, 0, local, d.tile_n},
                   stream);
   });
+  note(d, "timing o_proj (fused and cuBLAS)");
+  results[2].us = time_it(op_calls, [&](int i) { o_proj_call(i % layers); });
+  results[2].unfused_us = time_it(op_calls, [&](int i) {
+    unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % layers) * kHiddenSize * k_in, hidden.ptr, T, k_in},
+                   cublas, stream);
+  });
+  // ---- the attention block: qkv_front, attn2 and o_proj back to back on one
+  // stream, each kernel launched with PDL behind the one before, every
+  // iteration on another layer's weights and cache -------------------------------
+  note(d, "timing the attention block (chained and unfused)");
+  {
+    OpResult b;
+    b.op = "block";
+    b.pass = results[0].pass && results[1].pass && results[2].pass;
+    b.detail = "qkv_front, attn2 and o_proj chained in one graph; checked op by op above";
+    // What the block must read: the front's and o_proj's weights and attn2's keys and values; the
+    // tokens' rows in and out (x, qkv, attention, o_proj's output, the cache rows written).
+    b.bytes = results[0].bytes + results[1].bytes + results[2].bytes;
+    b.us = time_it(op_calls, [&](int i) {
+      front_call(i % layers);
+      attn_call(i % layers);
+      o_proj_call(i % layers);
+    });
+    b.unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
+      const int l = i % layers;
+      unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(l) * n * kHiddenSize, positions.ptr,
+                                     rope ? cos_sin.ptr : nullptr, slots.ptr, cache.ptr + layer_cache * l, out.ptr, T, kvh},
+                    cublas, stream);
+      unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n,
+                                             cache.ptr + layer_cache * l, table.ptr, pages_per_req, lens.ptr,
+                                             scratch.ptr, attn.ptr, R, kvh, window},
+                        stream);
+      unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(l) * kHiddenSize * k_in, hidden.ptr, T, k_in},
+                     cublas, stream);
+    });
+    results.push_back(b);
+  }
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
   for (auto& r : results) r.floor_us = r.bytes / timing::kCopyBandwidth * 1e6;
