@@ -68,7 +68,8 @@ def main() -> int:
                          meets_bar=us <= bar * floor, pct_copy_bw=round(100 * floor / us, 1),
                          qkv_front_us=ops["qkv_front"]["us_per_call"], attn2_us=ops["attn2"]["us_per_call"],
                          o_proj_us=ops["o_proj"]["us_per_call"], ops_alone_us=round(alone, 2),
-                         anchor="unfused (cuBLAS + plain kernels)", anchor_us=block["unfused_us"]))
+                         anchor="unfused (cuBLAS + plain kernels)", anchor_us=block["unfused_us"],
+                         detail=block["detail"]))
         print(rows[-1], flush=True)
     doc = dict(benchmark="block", device=device, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                method="the muse-decode tool's block row: CUDA-graph replay of many chained blocks, each on another "
