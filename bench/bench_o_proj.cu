@@ -1,4 +1,4 @@
-// Benchmark of o_proj on the H200 shapes of SPEC section 10: TP8 (K = 1024,
+// Benchmark of o_proj on the H200 shapes of the contract: TP8 (K = 1024,
 // 16.8 MB of weight) and TP1 (K = 8192, 134 MB), T = 1, 8, 16, 32, 64, with
 // and without programmatic dependent launch, and cuBLAS on the same shapes
 // in the same run (the anchor: cublasGemmEx, bf16 in and out, fp32
@@ -12,7 +12,7 @@
 // With pdl = 1 consecutive launches overlap the next one's weight stream with
 // this one's tail, as o_proj overlaps attn2 in a layer; cuBLAS launches plain.
 //
-// Floor: the weight's bytes at 4.2 TB/s (SPEC section 9's copy bandwidth);
+// Floor: the weight's bytes at 4.2 TB/s (the H200's measured copy bandwidth);
 // % of copy bandwidth counts every byte moved (weight, x, out). Same-run
 // anchor: cudaMemcpyAsync of the weight copies (copy bandwidth, read + write).
 //
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     const int64_t wbytes = int64_t{kOut} * K * 2;
     const int copies = static_cast<int>(std::max<int64_t>(3, (kRotationBytes + wbytes - 1) / wbytes));
     const int calls = kvh == 2 ? 64 : 12;
-    // SPEC section 10: 1.15x the weight-read floor at TP8, 1.10x at TP1.
+    // The bars: 1.15x the weight-read floor at TP8, 1.10x at TP1.
     const double floor_us = wbytes / kCopyBandwidth * 1e6;
     const double bar_us = (kvh == 2 ? 1.15 : 1.10) * floor_us;
 

@@ -1,5 +1,5 @@
-// o_proj: the attention output projection of the verify step's rows (SPEC
-// section 10). One launch computes out = bf16(x W^T) for 1..64 rows of
+// o_proj: the attention output projection of the verify step's rows
+// (docs/contract.md). One launch computes out = bf16(x W^T) for 1..64 rows of
 // attn2's output x [T, K] and this rank's slice of the projection weight
 // [8192, K] (vLLM's RowParallelLinear weight, [out, in]): this rank's partial
 // sum, which the engine's all-reduce completes. fp32 accumulation, rounded
@@ -53,7 +53,7 @@ struct OutProjectionDesc {
 std::optional<std::string> unsupported_o_proj(const OutProjectionDesc& attn);
 
 // ---------------------------------------------------------------------------
-// One call (SPEC section 10).
+// One call.
 struct OProjArgs {
   TensorRef x;       // bf16 [T, K], 1 <= T <= 64, K = the weight's columns; unit column stride, row stride a
                      // multiple of 8 elements, 16-byte aligned (read with TMA); decides the device

@@ -1,4 +1,4 @@
-// o_proj's kernels: out = bf16(x W^T) for 1..64 rows (SPEC section 10). One
+// o_proj's kernels: out = bf16(x W^T) for 1..64 rows (docs/contract.md). One
 // source serves sm_90a and sm_100a (TMA, mbarrier, mma.sync, PDL).
 //
 // The cost is reading the weight once (TP8: 16.8 MB, 4.0 us at 4.2 TB/s);

@@ -1,4 +1,4 @@
-// CPU reference of o_proj: SPEC section 10 written out, in fp32 as the op
+// CPU reference of o_proj: the contract (docs/contract.md) written out, in fp32 as the op
 // defines it and in double for the tests' error measure.
 #include <vector>
 

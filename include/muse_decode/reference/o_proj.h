@@ -8,7 +8,7 @@
 
 namespace muse_decode::reference {
 
-// SPEC section 10 as the op defines it: out[t, n] = bf16(sum_k x[t, k] *
+// The op as the contract defines it: out[t, n] = bf16(sum_k x[t, k] *
 // weight[n, k]), the products and their sum in fp32 (k ascending), rounded
 // once to bf16. x: bf16 bits [num_tokens, in_width] with row stride x_stride
 // elements; weight: bf16 bits [8192, in_width] contiguous; out: bf16 bits
