@@ -47,8 +47,9 @@ options:
   --requests R    requests in the step, 1..8 (default 1)
   --layer KIND    sliding (window 2048, RoPE) or full (no window, no RoPE);
                   default sliding
-  --layers N      weight/cache copies to rotate through, 1..64 (default: enough
-                  to exceed three times the L2)
+  --layers N      layers (weights and KV cache) to rotate through, 1..64
+                  (default: enough to exceed three times the L2; each op
+                  alone also rotates its weights past three times the L2)
   --tile-n N      GEMM tile of the routing metadata: 8, 16, 32, 64, 128 or 256
                   (default 128)
   --calls N       calls per CUDA graph for qkv_front, attn2, o_proj and the

@@ -128,6 +128,13 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   const int layers =
       d.layers ? d.layers
                : std::clamp(int(std::ceil(3 * 60e6 / (weight_bytes + o_weight_bytes + cache_bytes))), 2, 16);
+  // Each op alone rotates its own inputs past three times the L2: the front's
+  // and o_proj's weights get copies of their own beyond the layers' (at 128k
+  // two layers' caches are enough, but two o_proj weights, 34 MB, would sit
+  // in the 60 MB L2). Call i reads weight copy i % w_copies, o_proj weight
+  // i % wo_copies and cache i % layers.
+  const int w_copies = std::max(layers, int(std::ceil(3 * 60e6 / weight_bytes)));
+  const int wo_copies = std::max(layers, int(std::ceil(3 * 60e6 / o_weight_bytes)));
   std::mt19937 rng(2026);
   cudaStream_t stream;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
@@ -137,18 +144,17 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   prepare_o_proj();
 
   note(d, "allocating random weights and caches");
-  Device<uint16_t> x(size_t(T) * kHiddenSize), w(size_t(layers) * n * kHiddenSize), out(size_t(T) * n),
+  Device<uint16_t> x(size_t(T) * kHiddenSize), w(size_t(w_copies) * n * kHiddenSize), out(size_t(T) * n),
       attn(size_t(T) * heads * kHeadDim), cache(size_t(layers) * R * pages_per_req * kvh * kPageSize * 128),
-      wo(size_t(layers) * kHiddenSize * k_in), hidden(size_t(T) * kHiddenSize);
+      wo(size_t(wo_copies) * kHiddenSize * k_in), hidden(size_t(T) * kHiddenSize);
   Device<float> cos_sin(size_t(L) * 64), scratch(size_t(T) * heads * kHeadDim);
   Device<int64_t> positions(T), slots(T);
   Device<int32_t> table(size_t(R) * pages_per_req), lens(R);
   x.upload(random_bf16(x.n, 1.0f, rng));
-  for (int l = 0; l < layers; ++l) {
-    w.upload(random_bf16(size_t(n) * kHiddenSize, 0.02f, rng), size_t(l) * n * kHiddenSize);
-    cache.upload(random_bf16(cache.n / layers, 1.0f, rng), cache.n / layers * l);
-    wo.upload(random_bf16(size_t(kHiddenSize) * k_in, 0.03f, rng), size_t(l) * kHiddenSize * k_in);
-  }
+  for (int c = 0; c < w_copies; ++c) w.upload(random_bf16(size_t(n) * kHiddenSize, 0.02f, rng), size_t(c) * n * kHiddenSize);
+  for (int l = 0; l < layers; ++l) cache.upload(random_bf16(cache.n / layers, 1.0f, rng), cache.n / layers * l);
+  for (int c = 0; c < wo_copies; ++c)
+    wo.upload(random_bf16(size_t(kHiddenSize) * k_in, 0.03f, rng), size_t(c) * kHiddenSize * k_in);
   std::vector<float> cs(size_t(L) * 64);
   for (int p = 0; p < L; ++p)
     for (int j = 0; j < 32; ++j) {
@@ -186,12 +192,12 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       const int tn = std::min(kFrontMaxTokens, T - t0);
       QkvFrontArgs a;
       a.x = make_tensor(x.ptr + size_t(t0) * kHiddenSize, DType::kBFloat16, {tn, kHiddenSize});
-      a.weight = make_tensor(w.ptr + size_t(l) * n * kHiddenSize, DType::kBFloat16, {n, kHiddenSize});
+      a.weight = make_tensor(w.ptr + size_t(l % w_copies) * n * kHiddenSize, DType::kBFloat16, {n, kHiddenSize});
       a.positions = make_tensor(positions.ptr + t0, DType::kInt64, {tn});
       if (rope) a.cos_sin = make_tensor(cos_sin.ptr, DType::kFloat32, {L, 64});
       a.slot_mapping = make_tensor(slots.ptr + t0, DType::kInt64, {tn});
-      a.kv_cache =
-          make_tensor(cache.ptr + layer_cache * l, DType::kBFloat16, {int64_t(R) * pages_per_req, kvh, kPageSize, 128});
+      a.kv_cache = make_tensor(cache.ptr + layer_cache * (l % layers), DType::kBFloat16,
+                               {int64_t(R) * pages_per_req, kvh, kPageSize, 128});
       a.num_kv_heads = kvh;
       a.out = make_tensor(out.ptr + size_t(t0) * n, DType::kBFloat16, {tn, n});
       a.workspace = make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)});
@@ -207,7 +213,8 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     gate.data = out.ptr + size_t(heads + 2 * kvh) * kHeadDim;
     a.q = q;
     a.gate = gate;
-    a.kv_cache = make_tensor(cache.ptr + layer_cache * l, DType::kBFloat16, {int64_t(R) * pages_per_req, kvh, kPageSize, 128});
+    a.kv_cache = make_tensor(cache.ptr + layer_cache * (l % layers), DType::kBFloat16,
+                             {int64_t(R) * pages_per_req, kvh, kPageSize, 128});
     a.block_table = make_tensor(table.ptr, DType::kInt32, {R, pages_per_req});
     a.seq_lens = make_tensor(lens.ptr, DType::kInt32, {R});
     a.out = make_tensor(attn.ptr, DType::kBFloat16, {T, heads * kHeadDim});
@@ -221,7 +228,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   auto o_proj_call = [&](int l, bool pdl = true) {  // attn2's rows through this layer's output projection
     OProjArgs a;
     a.x = make_tensor(attn.ptr, DType::kBFloat16, {T, k_in});
-    a.weight = make_tensor(wo.ptr + size_t(l) * kHiddenSize * k_in, DType::kBFloat16, {kHiddenSize, k_in});
+    a.weight = make_tensor(wo.ptr + size_t(l % wo_copies) * kHiddenSize * k_in, DType::kBFloat16, {kHiddenSize, k_in});
     a.out = make_tensor(hidden.ptr, DType::kBFloat16, {T, kHiddenSize});
     a.pdl = pdl;
     o_proj(a, reinterpret_cast<Stream>(stream));
@@ -404,15 +411,15 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
   const int op_calls = d.calls ? d.calls : std::max(layers, 40);  // as many as the benchmarks replay
   note(d, "timing qkv_front (fused and unfused)");
-  results[0].us = time_it(op_calls, [&](int i) { front_call(i % layers); });
+  results[0].us = time_it(op_calls, [&](int i) { front_call(i); });
   results[0].unfused_us = time_it(op_calls, [&](int i) {
     const int l = i % layers;
-    unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(l) * n * kHiddenSize, positions.ptr, rope ? cos_sin.ptr : nullptr, slots.ptr,
+    unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(i % w_copies) * n * kHiddenSize, positions.ptr, rope ? cos_sin.ptr : nullptr, slots.ptr,
                    cache.ptr + layer_cache * l, out.ptr, T, kvh},
                   cublas, stream);
   });
   note(d, "timing attn2 (fused and unfused)");
-  results[1].us = time_it(op_calls, [&](int i) { attn_call(i % layers); });
+  results[1].us = time_it(op_calls, [&](int i) { attn_call(i); });
   dump_attn2_trace(d);
   results[1].unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
     const int l = i % layers;
@@ -428,9 +435,9 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
                   stream);
   });
   note(d, "timing o_proj (fused and cuBLAS)");
-  results[2].us = time_it(op_calls, [&](int i) { o_proj_call(i % layers); });
+  results[2].us = time_it(op_calls, [&](int i) { o_proj_call(i); });
   results[2].unfused_us = time_it(op_calls, [&](int i) {
-    unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % layers) * kHiddenSize * k_in, hidden.ptr, T, k_in},
+    unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % wo_copies) * kHiddenSize * k_in, hidden.ptr, T, k_in},
                    cublas, stream);
   });
   // ---- the attention block: qkv_front, attn2 and o_proj back to back on one
@@ -444,17 +451,17 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     // Where the chain's time goes: each junction alone (two ops chained), and
     // the block with every launch plain (no programmatic dependent launch).
     const double front_attn = time_it(op_calls, [&](int i) {
-      front_call(i % layers);
-      attn_call(i % layers);
+      front_call(i);
+      attn_call(i);
     });
     const double attn_oproj = time_it(op_calls, [&](int i) {
-      attn_call(i % layers);
-      o_proj_call(i % layers);
+      attn_call(i);
+      o_proj_call(i);
     });
     const double plain = time_it(op_calls, [&](int i) {
-      front_call(i % layers, false);
-      attn_call(i % layers, false);
-      o_proj_call(i % layers, false);
+      front_call(i, false);
+      attn_call(i, false);
+      o_proj_call(i, false);
     });
     char buf[240];
     std::snprintf(buf, sizeof buf,
@@ -466,20 +473,20 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     // tokens' rows in and out (x, qkv, attention, o_proj's output, the cache rows written).
     b.bytes = results[0].bytes + results[1].bytes + results[2].bytes;
     b.us = time_it(op_calls, [&](int i) {
-      front_call(i % layers);
-      attn_call(i % layers);
-      o_proj_call(i % layers);
+      front_call(i);
+      attn_call(i);
+      o_proj_call(i);
     });
     b.unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
       const int l = i % layers;
-      unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(l) * n * kHiddenSize, positions.ptr,
+      unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(i % w_copies) * n * kHiddenSize, positions.ptr,
                                      rope ? cos_sin.ptr : nullptr, slots.ptr, cache.ptr + layer_cache * l, out.ptr, T, kvh},
                     cublas, stream);
       unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n,
                                              cache.ptr + layer_cache * l, table.ptr, pages_per_req, lens.ptr,
                                              scratch.ptr, attn.ptr, R, kvh, window},
                         stream);
-      unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(l) * kHiddenSize * k_in, hidden.ptr, T, k_in},
+      unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % wo_copies) * kHiddenSize * k_in, hidden.ptr, T, k_in},
                      cublas, stream);
     });
     results.push_back(b);
