@@ -318,9 +318,12 @@ bool check_step(const Deployment& d, const Step& s, const HostLayer& l, const Ho
     return 1.0 / (1.0 + std::exp(-double(in.logits[token * md::kNumExperts + e]))) + l.bias[e];
   };
   int route_bad = 0;
-  for (int r = 0; r < kTokens * md::kTopK; ++r)
-    route_bad += ids[r] == want_ids[r] ? std::fabs(weights[r] - want_w[r]) > 1e-6f * std::fabs(want_w[r]) + 1e-9f
-                                       : std::fabs(key(r / 8, ids[r]) - key(r / 8, want_ids[r])) > 1e-6;
+  for (int r = 0; r < kTokens * md::kTopK; ++r) {
+    if (ids[r] == want_ids[r])
+      route_bad += std::fabs(weights[r] - want_w[r]) > 1e-6f * std::fabs(want_w[r]) + 1e-9f;
+    else
+      route_bad += ids[r] < 0 || ids[r] >= md::kNumExperts || std::fabs(key(r / 8, ids[r]) - key(r / 8, want_ids[r])) > 1e-6;
+  }
   ref::routing_metadata(ids.data(), kTokens, 0, d.experts(), d.tile_n, want_meta.data());
   route_bad += want_meta != meta;
 
