@@ -99,6 +99,37 @@ inline void require_aligned(const void* p, std::string_view name, int bytes) {
              reinterpret_cast<uintptr_t>(p)));
 }
 
+// The order of every tensor's checks: present, dtype, device, then the
+// caller's shape, strides and alignment (FlashMLA's order). device < 0: the
+// tensor decides it.
+inline void require_tensor(const TensorRef& t, std::string_view name, DType dtype, int device) {
+  require_present(t, name);
+  require_dtype(t, name, dtype);
+  require_cuda(t, name);
+  if (device >= 0) require_same_device(t, name, device);
+}
+
+inline std::string strides_str(const TensorRef& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += cat(i ? ", " : "", t.stride[i]);
+  return s + "]";
+}
+
+inline void require_contiguous(const TensorRef& t, std::string_view name) {
+  if (!t.contiguous()) fail_expected(name, "contiguous", cat("strides ", strides_str(t)));
+}
+
+// A 2-D row-major view read (TMA) or written 16 bytes at a time by row: unit
+// column stride, row stride a multiple of 8 elements and at least the row
+// width, 16-byte aligned.
+inline void require_rows16(const TensorRef& t, std::string_view name, int64_t width) {
+  if (t.stride[1] != 1 && t.shape[1] > 1) fail_expected(name, "unit stride along columns", cat("stride ", t.stride[1]));
+  if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
+    fail_expected(cat(name, " rows"), cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
+                  cat("row stride ", t.stride[0]));
+  require_aligned(t.data, name, 16);
+}
+
 // Byte ranges [data, data + span) of two tensors overlap.
 inline bool overlaps(const TensorRef& a, const TensorRef& b) {
   const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);

@@ -16,6 +16,9 @@ namespace muse_decode {
 using detail::cat;
 using detail::fail;
 using detail::fail_expected;
+using detail::require_contiguous;
+using detail::require_rows16;
+using detail::require_tensor;
 
 namespace {
 
@@ -27,45 +30,17 @@ detail::PerDevice<OProjDevice> g_prepared;
 
 constexpr const char* kWidths = "one of 512, 1024, 2048, 4096, 8192 (8 * num_kv_heads * 64)";
 
-std::string strides_str(const TensorRef& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += cat(i ? ", " : "", t.stride[i]);
-  return s + "]";
-}
-
-// The order of every tensor's checks: present, dtype, device, shape, strides,
-// alignment (FlashMLA's order). device < 0: the tensor decides it.
-void require_tensor(const TensorRef& t, std::string_view name, int device) {
-  detail::require_present(t, name);
-  detail::require_dtype(t, name, DType::kBFloat16);
-  detail::require_cuda(t, name);
-  if (device >= 0) detail::require_same_device(t, name, device);
-}
-
-// A 2-D row-major view read (TMA) or written 16 bytes at a time by row: unit
-// column stride, row stride a multiple of 8 elements and at least the row
-// width, 16-byte aligned.
-void require_rows16(const TensorRef& t, std::string_view name, int64_t width) {
-  if (t.stride[1] != 1 && t.shape[1] > 1)
-    fail_expected(name, "unit stride along columns", cat("stride ", t.stride[1]));
-  if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
-    fail_expected(cat(name, " rows"),
-                  cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
-                  cat("row stride ", t.stride[0]));
-  detail::require_aligned(t.data, name, 16);
-}
-
 // The layer's weight (what OProj binds), for input width k (k < 0: any
 // supported width), on `device` (< 0: the weight decides it).
 void check_weight(const TensorRef& w, int64_t k, int device) {
-  require_tensor(w, "weight", device);
+  require_tensor(w, "weight", DType::kBFloat16, device);
   if (k >= 0) {
     if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || w.shape[1] != k)
       fail_expected("weight", cat("[", kOProjOutWidth, ", ", k, "] (x's width)"), w.shape_str());
   } else if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || !o_proj_supports_in_width(w.shape[1])) {
     fail_expected("weight", cat("[", kOProjOutWidth, ", K] with K ", kWidths), w.shape_str());
   }
-  if (!w.contiguous()) fail_expected("weight", "contiguous", cat("strides ", strides_str(w)));
+  require_contiguous(w, "weight");
   detail::require_aligned(w.data, "weight", 16);
 }
 
@@ -74,7 +49,7 @@ void check_weight(const TensorRef& w, int64_t k, int device) {
 OProjParams check_call(const OProjArgs& a, bool complete) {
   // x decides the device, the number of tokens and K.
   const TensorRef& x = a.x;
-  require_tensor(x, "x", -1);
+  require_tensor(x, "x", DType::kBFloat16, -1);
   const int dev = x.device;
   if (x.ndim != 2 || x.shape[0] < 1 || x.shape[0] > kOProjMaxTokens || !o_proj_supports_in_width(x.shape[1]))
     fail_expected("x", cat("[T, K] with 1 <= T <= ", kOProjMaxTokens, " and K ", kWidths), x.shape_str());
@@ -85,7 +60,7 @@ OProjParams check_call(const OProjArgs& a, bool complete) {
   const TensorRef& out = a.out;
   const bool with_out = complete || out.present();
   if (with_out) {
-    require_tensor(out, "out", dev);
+    require_tensor(out, "out", DType::kBFloat16, dev);
     if (out.ndim != 2 || out.shape[0] != T || out.shape[1] != kOProjOutWidth)
       fail_expected("out", cat("[", T, ", ", kOProjOutWidth, "] (tokens of x, hidden size)"), out.shape_str());
     require_rows16(out, "out", kOProjOutWidth);

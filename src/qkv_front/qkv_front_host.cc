@@ -16,7 +16,10 @@ using detail::cat;
 using detail::expected_text;
 using detail::fail;
 using detail::fail_expected;
+using detail::require_contiguous;
 using detail::require_kv_heads;
+using detail::require_rows16;
+using detail::require_tensor;
 
 namespace {
 
@@ -31,38 +34,6 @@ detail::PerDevice<QkvFrontDevice> g_prepared;
 int sms_of(int device) {
   if (const QkvFrontDevice* d = g_prepared.find(device)) return d->sms;
   return sm_count(device);
-}
-
-std::string strides_str(const TensorRef& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += cat(i ? ", " : "", t.stride[i]);
-  return s + "]";
-}
-
-// The order of every tensor's checks: present, dtype, device, shape, strides,
-// alignment (FlashMLA's order). device < 0: the tensor decides it.
-void require_tensor(const TensorRef& t, std::string_view name, DType dtype, int device) {
-  using namespace detail;
-  require_present(t, name);
-  require_dtype(t, name, dtype);
-  require_cuda(t, name);
-  if (device >= 0) require_same_device(t, name, device);
-}
-
-void require_contiguous(const TensorRef& t, std::string_view name) {
-  if (!t.contiguous()) fail_expected(name, "contiguous", cat("strides ", strides_str(t)));
-}
-
-// A 2-D row-major view read or written 16 bytes at a time by row: unit column
-// stride, row stride a multiple of 8 elements and at least the row width.
-void require_rows16(const TensorRef& t, std::string_view name, int64_t width) {
-  if (t.stride[1] != 1 && t.shape[1] > 1)
-    fail_expected(name, "unit stride along columns", cat("stride ", t.stride[1]));
-  if (t.shape[0] > 1 && (t.stride[0] % 8 != 0 || t.stride[0] < width))
-    fail_expected(cat(name, " rows"),
-                  cat("16-byte aligned (row stride a multiple of 8 elements, at least ", width, ")"),
-                  cat("row stride ", t.stride[0]));
-  detail::require_aligned(t.data, name, 16);
 }
 
 void require_contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
