@@ -22,3 +22,10 @@ def attributes(obj, label: str, names: tuple[str, ...]) -> list:
             raise ValueError(f"{label} has no attribute {name!r}")
         values.append(value)
     return values
+
+
+def quantized(linear) -> bool:
+    """Whether a vLLM linear layer's weight is quantized: it carries a quant
+    method other than the unquantized one."""
+    quant = getattr(linear, "quant_method", None)
+    return quant is not None and type(quant).__name__ != "UnquantizedLinearMethod"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import _C
-from ._attributes import attributes
+from ._attributes import attributes, quantized
 from .constants import HEAD_DIM
 
 
@@ -67,10 +67,9 @@ def unsupported_projection(attn) -> str | None:
         proj, num_heads, num_kv_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
     except ValueError as e:
         return str(e)
-    quant = getattr(proj, "quant_method", None)
     emb = getattr(attn, "rotary_emb", None)
     return _C.unsupported_projection(
-        quant is not None and type(quant).__name__ != "UnquantizedLinearMethod",
+        quantized(proj),
         getattr(proj, "bias", None) is not None,
         getattr(proj, "gather_output", False),
         getattr(proj, "tp_size", 1),

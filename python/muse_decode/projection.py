@@ -4,7 +4,7 @@ this rank's partial sum before the engine's all-reduce."""
 from __future__ import annotations
 
 from . import _C
-from ._attributes import attributes
+from ._attributes import attributes, quantized
 
 # The extension's functions and class themselves: no Python frame on the
 # per-call path (an op has 5 us of host time in all).
@@ -33,9 +33,8 @@ def unsupported_o_proj(attn) -> str | None:
         proj, num_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
     except ValueError as e:
         return str(e)
-    quant = getattr(proj, "quant_method", None)
     return _C.unsupported_o_proj(
-        quant is not None and type(quant).__name__ != "UnquantizedLinearMethod",
+        quantized(proj),
         getattr(proj, "bias", None) is not None,
         getattr(proj, "input_is_parallel", True),
         getattr(proj, "tp_size", 1),
