@@ -60,16 +60,17 @@ void note(const Deployment& d, const char* what) {
   if (d.progress) std::fprintf(stderr, "muse-decode: %s\n", what);
 }
 
-// Relative RMS error of each 64-wide head of `got` (bf16 bits) against `ref`.
-double worst_head_error(const std::vector<uint16_t>& got, const std::vector<double>& ref, int rows, int64_t width,
-                        int64_t got_stride) {
+// The worst relative RMS error of `got` (bf16 bits) against `ref` over each
+// `group` consecutive columns of a row: a 64-wide head, or a whole row.
+double worst_group_error(const std::vector<uint16_t>& got, const std::vector<double>& ref, int rows, int64_t width,
+                        int64_t got_stride, int64_t group = kHeadDim) {
   double worst = 0;
   for (int r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < width / kHeadDim; ++h) {
+    for (int64_t h = 0; h < width / group; ++h) {
       double num = 0, den = 0;
-      for (int d = 0; d < kHeadDim; ++d) {
-        const double g = reference::bf16_bits_to_float(got[r * got_stride + h * kHeadDim + d]);
-        const double x = ref[r * width + h * kHeadDim + d];
+      for (int64_t d = 0; d < group; ++d) {
+        const double g = reference::bf16_bits_to_float(got[r * got_stride + h * group + d]);
+        const double x = ref[r * width + h * group + d];
         if (!std::isfinite(g)) return INFINITY;
         num += (g - x) * (g - x);
         den += x * x;
@@ -247,7 +248,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     std::vector<double> y(size_t(check_tokens) * n);
     reference::qkv_front(hx.data(), kHiddenSize, check_tokens, hw.data(), kvh, h_pos.data(),
                          rope ? cs.data() : nullptr, L, y.data());
-    const double err = worst_head_error(hout, y, check_tokens, n, n);
+    const double err = worst_group_error(hout, y, check_tokens, n, n);
     // Cache rows: the bits of out's k and v.
     const auto hcache = cache.download(layer_cache);
     int cache_bad = 0;
@@ -300,7 +301,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
           const uint16_t* row = &hattn[(size_t(r) * 8 + i) * heads * 64 + size_t(kv) * 8 * 64];
           std::copy(row, row + 8 * 64, &got[size_t(i) * 8 * 64]);
         }
-        worst = std::max(worst, worst_head_error(got, rows, 8, 512, 512));
+        worst = std::max(worst, worst_group_error(got, rows, 8, 512, 512));
       }
     OpResult r;
     r.op = "attn2";
@@ -323,17 +324,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
     const auto hhidden = hidden.download(hidden.n);
     std::vector<double> y(size_t(T) * kHiddenSize);
     reference::o_proj_exact(hattn.data(), k_in, T, hwo.data(), k_in, y.data());
-    double worst = 0;
-    for (int t = 0; t < T; ++t) {
-      double num = 0, den = 0;
-      for (int c = 0; c < kHiddenSize; ++c) {
-        const double ref = y[size_t(t) * kHiddenSize + c];
-        const double got = reference::bf16_bits_to_float(hhidden[size_t(t) * kHiddenSize + c]);
-        num += (got - ref) * (got - ref);
-        den += ref * ref;
-      }
-      worst = std::max(worst, std::isfinite(num) && den > 0 ? std::sqrt(num / den) : INFINITY);
-    }
+    const double worst = worst_group_error(hhidden, y, T, kHiddenSize, kHiddenSize, kHiddenSize);  // per row
     OpResult r;
     r.op = "o_proj";
     r.pass = worst <= 5e-3;
@@ -410,23 +401,30 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
   const int op_calls = d.calls ? d.calls : std::max(layers, 40);  // as many as the benchmarks replay
+  // The unfused path of call i, reading what the fused call i reads.
+  auto unfused_front_call = [&](int i) {
+    unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(i % w_copies) * n * kHiddenSize, positions.ptr,
+                                   rope ? cos_sin.ptr : nullptr, slots.ptr, cache.ptr + layer_cache * (i % layers),
+                                   out.ptr, T, kvh},
+                  cublas, stream);
+  };
+  auto unfused_attn_call = [&](int i) {
+    unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n,
+                                           cache.ptr + layer_cache * (i % layers), table.ptr, pages_per_req, lens.ptr,
+                                           scratch.ptr, attn.ptr, R, kvh, window},
+                      stream);
+  };
+  auto unfused_o_proj_call = [&](int i) {
+    unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % wo_copies) * kHiddenSize * k_in, hidden.ptr, T, k_in},
+                   cublas, stream);
+  };
   note(d, "timing qkv_front (fused and unfused)");
   results[0].us = time_it(op_calls, [&](int i) { front_call(i); });
-  results[0].unfused_us = time_it(op_calls, [&](int i) {
-    const int l = i % layers;
-    unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(i % w_copies) * n * kHiddenSize, positions.ptr, rope ? cos_sin.ptr : nullptr, slots.ptr,
-                   cache.ptr + layer_cache * l, out.ptr, T, kvh},
-                  cublas, stream);
-  });
+  results[0].unfused_us = time_it(op_calls, unfused_front_call);
   note(d, "timing attn2 (fused and unfused)");
   results[1].us = time_it(op_calls, [&](int i) { attn_call(i); });
   dump_attn2_trace(d);
-  results[1].unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
-    const int l = i % layers;
-    unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n, cache.ptr + layer_cache * l,
-                       table.ptr, pages_per_req, lens.ptr, scratch.ptr, attn.ptr, R, kvh, window},
-                      stream);
-  });
+  results[1].unfused_us = time_it(std::min(op_calls, 8), unfused_attn_call);
   note(d, "timing route (fused and unfused)");
   results[3].us = time_it(route_calls, route_call);
   results[3].unfused_us = time_it(64, [&](int i) {
@@ -436,10 +434,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   });
   note(d, "timing o_proj (fused and cuBLAS)");
   results[2].us = time_it(op_calls, [&](int i) { o_proj_call(i); });
-  results[2].unfused_us = time_it(op_calls, [&](int i) {
-    unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % wo_copies) * kHiddenSize * k_in, hidden.ptr, T, k_in},
-                   cublas, stream);
-  });
+  results[2].unfused_us = time_it(op_calls, unfused_o_proj_call);
   // ---- the attention block: qkv_front, attn2 and o_proj back to back on one
   // stream, each kernel launched with PDL behind the one before, every
   // iteration on another layer's weights and cache -------------------------------
@@ -478,16 +473,9 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       o_proj_call(i);
     });
     b.unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
-      const int l = i % layers;
-      unfused_front(UnfusedFrontArgs{x.ptr, w.ptr + size_t(i % w_copies) * n * kHiddenSize, positions.ptr,
-                                     rope ? cos_sin.ptr : nullptr, slots.ptr, cache.ptr + layer_cache * l, out.ptr, T, kvh},
-                    cublas, stream);
-      unfused_attention(UnfusedAttentionArgs{out.ptr, out.ptr + size_t(heads + 2 * kvh) * kHeadDim, n, n,
-                                             cache.ptr + layer_cache * l, table.ptr, pages_per_req, lens.ptr,
-                                             scratch.ptr, attn.ptr, R, kvh, window},
-                        stream);
-      unfused_o_proj(UnfusedOProjArgs{attn.ptr, wo.ptr + size_t(i % wo_copies) * kHiddenSize * k_in, hidden.ptr, T, k_in},
-                     cublas, stream);
+      unfused_front_call(i);
+      unfused_attn_call(i);
+      unfused_o_proj_call(i);
     });
     results.push_back(b);
   }
