@@ -117,7 +117,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
 // above m needs the usual step: where a row's running sum would pass kFarSum
 // (some p near 2^32 or inf; O stays far from fp32's limit below it), or a row
 // has no m yet (nothing visible in its first tile), this returns true with s
-// no longer holding scores and l untouched, and the caller computes the
+// overwritten (it holds no scores) and l untouched, and the caller computes the
 // tile's scores again and takes online_softmax. Otherwise s holds P and l
 // its sums. Warp-uniform.
 inline constexpr float kFarSum = 0x1p32f;
