@@ -10,6 +10,8 @@
 #   ARCHS="90a;100a" ...            # also compile sm_100a (default: 90a only, to save time)
 #   BENCH=0 scripts/gpu_check.sh    # the tests only
 #   TESTS=0 scripts/gpu_check.sh    # the benchmarks only
+#   SANITIZE=1 scripts/gpu_check.sh # only compute-sanitizer's four tools over
+#                                   # each op's small tests (scripts/sanitize.sh)
 #
 # The whole log also goes to $BUILD/gpu_check.log. With two or
 # more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
@@ -36,10 +38,20 @@ fi
 step "build ($ARCHS)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 mkdir -p "$BUILD"
+# SANITIZE=1 builds only what scripts/sanitize.sh runs: the GPU tests and the
+# sanitizer patterns (no Python extension).
+python_ext=ON targets=()
+[ "${SANITIZE:-0}" = 1 ] && python_ext=OFF targets=(--target muse_decode_gpu_tests sanitizer_patterns)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS="$ARCHS" \
-  -DMUSE_DECODE_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" "${gtest_args[@]}" >"$BUILD/configure.log" 2>&1 \
+  -DMUSE_DECODE_PYTHON=$python_ext -DPython_EXECUTABLE="$(command -v "$PY")" "${gtest_args[@]}" >"$BUILD/configure.log" 2>&1 \
   || { cat "$BUILD/configure.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\]' ; test "${PIPESTATUS[0]}" = 0 || exit 1
+cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\]' ; test "${PIPESTATUS[0]}" = 0 || exit 1
+
+if [ "${SANITIZE:-0}" = 1 ]; then
+  step "compute-sanitizer: memcheck, racecheck, synccheck, initcheck"
+  scripts/sanitize.sh "$BUILD"
+  exit $?
+fi
 
 filter='*'
 [ -n "$ONLY" ] && filter="$(echo "$ONLY" | sed -E 's/(^|_)([a-z])/\U\2/g')*"  # route -> Route*, qkv_front -> QkvFront*

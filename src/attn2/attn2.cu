@@ -86,7 +86,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   RowInputs<kCluster> in;
   const Deployment dep{p.num_splits, p.num_kv_heads, p.num_reqs, p.idle_last, gridDim.z == 1};
   if (!loop.start(in, rows, dep, static_cast<int>(blockIdx.x) / kCluster, blockIdx.y, rank, req, trace)) {
-    trace.mark(Phase::kExit);  // the whole cluster leaves: it shares nothing with the others
+    // The whole cluster leaves (a split launch's slice past the active ones):
+    // it shares nothing with the others, and no rank pushes into this CTA.
+    // Its receive barrier's phase 0, armed above for kRecvBytes, is closed
+    // here, so that no phase is left pending at exit (compute-sanitizer's
+    // synccheck stops the kernel on one).
+    if (!kOneSlice && threadIdx.x == 0) ptx::mbar_complete_tx(&recv_bar, kRecvBytes);
+    trace.mark(Phase::kExit);
     return;
   }
   loop.stage_q(in.q);

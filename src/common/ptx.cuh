@@ -41,6 +41,13 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Counts `bytes` of the current phase's expected transactions as done, without
+// an arrival and without a copy: closes a phase whose expected bytes will not
+// come (an armed barrier that nothing will write to), so that no phase is
+// left pending when the CTA exits.
+__device__ __forceinline__ void mbar_complete_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 // Whether the barrier's phase of this parity has completed (a bounded,
 // hardware-suspended wait). kCluster: the test acquires at cluster scope, so
 // that what other CTAs of the cluster wrote into this CTA's shared memory
@@ -94,6 +101,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) { mbar_
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) { mbar_arrive(smem_addr(bar)); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   mbar_arrive_expect_tx(smem_addr(bar), bytes);
+}
+__device__ __forceinline__ void mbar_complete_tx(uint64_t* bar, uint32_t bytes) {
+  mbar_complete_tx(smem_addr(bar), bytes);
 }
 template <bool kCluster = false>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {

@@ -550,3 +550,34 @@ TEST_F(Attn2Gpu, BadInputLaunchesNothing) {
   CUDA_OK(cudaDeviceSynchronize());
   for (uint16_t v : p.d_out->download()) ASSERT_EQ(v, kPoison) << "a refused call wrote out";
 }
+
+// The small calls compute-sanitizer runs (scripts/sanitize.sh), one launch of
+// each kernel form the deployments take: the one-slice kernels without and
+// with a window (the window's odd tile and its piece pass at 130 pages), and
+// the split kernel in clusters of 16 (2 KV heads, PDL on: a long request whose
+// warpgroups refill their ring, the cluster arrival and the trigger after the
+// key loop, and a short one whose slices past the first leave) and of 8 (4 KV
+// heads: every loop short, the arrival before it).
+TEST_F(Attn2Gpu, SanitizerOneSlice) {
+  struct Case {
+    std::vector<int> lens;
+    int mml;
+    std::optional<int> sliding;
+  };
+  for (const Case& c : {Case{{1000, 8}, 2048, std::nullopt}, Case{{1000, 107}, 2048, 100},
+                        Case{{5010}, 8192, 2048}}) {
+    Problem p(2, c.lens, c.mml, c.sliding, 800 + c.mml);
+    ASSERT_EQ(p.splits, 1);
+    p.check(p.run());
+  }
+}
+
+TEST_F(Attn2Gpu, SanitizerSplit) {
+  Problem p(2, {60000, 20}, 65536, std::nullopt, 811);
+  ASSERT_GT(p.splits, 1);
+  p.check(p.run(/*pdl=*/true));
+  EXPECT_EQ(p.workspace_left_dirty(), 0);
+  Problem q(4, {3000}, 8192, std::nullopt, 812);
+  ASSERT_GT(q.splits, 1);
+  q.check(q.run());
+}

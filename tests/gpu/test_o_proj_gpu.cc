@@ -329,3 +329,19 @@ TEST(OProjGpu, BadInputLaunchesNothing) {
   const auto o = l.out.download();
   for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(o[i], kOutPoison) << "element " << i << " written";
 }
+
+// The small calls compute-sanitizer runs (scripts/sanitize.sh): the short-K
+// kernels (TP8) at one and at eight n-tiles, the long-K ones (TP4) at two.
+TEST(OProjGpu, SanitizerShortK) {
+  SKIP_WITHOUT_GPU();
+  Layer l(2);
+  l.run_and_check(1, /*pdl=*/true);
+  if (HasFatalFailure()) return;
+  l.run_and_check(64, /*pdl=*/false);
+}
+
+TEST(OProjGpu, SanitizerLongK) {
+  SKIP_WITHOUT_GPU();
+  Layer l(4);
+  l.run_and_check(9, /*pdl=*/true);
+}

@@ -436,3 +436,21 @@ TEST(QkvFrontGpu, BadInputLaunchesNothing) {
   for (uint16_t v : f.out.download()) ASSERT_EQ(v, kOutPoison) << "a refused call wrote out";
   for (uint16_t v : f.cache.download()) ASSERT_EQ(v, kCachePoison) << "a refused call wrote the cache";
 }
+
+// The small calls compute-sanitizer runs (scripts/sanitize.sh): each kernel
+// with and without RoPE, at one and at two n-tiles of tokens.
+TEST(QkvFrontGpu, SanitizerStreamK) {
+  SKIP_WITHOUT_GPU();
+  Front f(1);
+  f.run_and_check(1, /*rope=*/true, /*pdl=*/false);
+  if (HasFatalFailure()) return;
+  f.run_and_check(9, /*rope=*/false, /*pdl=*/true);
+}
+
+TEST(QkvFrontGpu, SanitizerCluster) {
+  SKIP_WITHOUT_GPU();
+  Front f(2);
+  f.run_and_check(1, /*rope=*/false, /*pdl=*/true);
+  if (HasFatalFailure()) return;
+  f.run_and_check(9, /*rope=*/true, /*pdl=*/false);
+}

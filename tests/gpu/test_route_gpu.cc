@@ -231,3 +231,28 @@ TEST(RouteGpu, UnboundOpAndUncheckedLaunchMatchTheBoundForm) {
   CUDA_OK(cudaDeviceSynchronize());
   ASSERT_TRUE(outputs() == bound) << "the unchecked launch differs from the bound form";
 }
+
+// The small calls compute-sanitizer runs (scripts/sanitize.sh): with metadata
+// for one token (no cluster: shared atomics), two and eight (red.async into
+// the first CTA, counted on its barrier), and eight without metadata.
+TEST(RouteGpu, SanitizerShapes) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  const auto routing = f.routing();
+  for (int b : {1, 2, 8}) {
+    SCOPED_TRACE(::testing::Message() << "b=" << b);
+    const auto x = f.random_logits(b);
+    f.logits.upload(x);
+    f.meta.upload(std::vector<int32_t>(f.meta.size(), kPoison));
+    md::RoutingMetadata m{md::make_tensor(f.meta.get(), DType::kInt32, {(int64_t)f.meta.size()}), 96, 32, 16};
+    routing(f.t_logits(b), f.t_ids(b), f.t_weights(b), m, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto ids = f.ids.download();
+    std::vector<int32_t> ref(f.meta.size(), kPoison);
+    md::reference::routing_metadata(ids.data(), b, 96, 32, 16, ref.data());
+    ASSERT_EQ(f.meta.download(), ref);
+  }
+  f.logits.upload(f.random_logits(8));
+  routing(f.t_logits(8), f.t_ids(8), f.t_weights(8), std::nullopt, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+}

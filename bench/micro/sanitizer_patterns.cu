@@ -1,0 +1,286 @@
+// The synchronization of the ops' kernels, cut down to the access pairs that
+// compute-sanitizer reports on them, in kernels that are correct by the PTX
+// memory model: where a pattern here draws the same report as the op, the
+// report is the tool's. scripts/sanitize.sh runs this binary under the tool
+// in the same run as the ops' tests and honours a named suppression of
+// scripts/sanitize.supp only while the pattern that entry names reproduces
+// its report here.
+//
+//   sanitizer_patterns race     every racecheck pattern below, one launch each
+//   sanitizer_patterns open     (synccheck) CTAs exit with a barrier phase
+//                               armed for bytes nobody sends: a real bug,
+//                               reported as "Missing wait"
+//   sanitizer_patterns closed   the same phase closed by complete_tx before
+//                               exit: clean (attn2's leaving clusters)
+//
+// Patterns (the kernel names in the tool's reports):
+//   route_publish         route's metadata barrier: CTA 0's thread 0 inits it,
+//       fences and arrives expecting every CTA's bytes, in a block small
+//       enough that nvcc if-converts it; the init then runs once for warp 0
+//       on the uniform datapath (VOTEU.ALL, then @!UP0 SYNCS.EXCH.64, as in
+//       route's kernel), with all 32 lanes active, before lane 0's arrival.
+//       Every CTA ORs words into CTA 0 by red.async after the cluster
+//       barrier, and CTA 0 reads them after its wait.
+//   exchange<C, flags>    attn2's key-half exchange in attn2's geometry (256
+//       threads, 2 CTAs per SM, clusters of C): warpgroup 1 stores 9 float4
+//       per thread over warpgroup 0's first stages, __syncthreads, warpgroup
+//       0 loads them. flags: kPreexit, griddepcontrol.launch_dependents
+//       between the barrier and the loads (attn2's trigger); kTrailingBar, a
+//       __syncthreads after the loads (attn2's kernels of 8 have one, those of
+//       16 do not); kRing, before it attn2's key loop: per warpgroup a ring of
+//       3 stages filled by TMA tensor boxes (full / empty mbarriers, spin
+//       waits, the last tile's rows zeroed behind a named barrier); kPush,
+//       around it the cluster merge: relaxed cluster arrival before the
+//       stores, cluster wait after the loads, then every CTA pushes 9216 / C
+//       bytes to each rank by st.async completing on that rank's receive
+//       barrier (armed at the start), and warpgroup 0 waits on its own and
+//       reads the 9216.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "launch.cuh"
+#include "ptx.cuh"
+
+namespace ptx = muse_decode::ptx;
+using muse_decode::detail::launch_kernel;
+using muse_decode::detail::LaunchShape;
+
+namespace {
+
+constexpr int kThreads = 256, kHalf = 128, kRowWarps = 4;
+
+// ---- route ------------------------------------------------------------------------
+constexpr int kRouteCtas = 8, kRouteWords = 8;  // words each CTA ORs into CTA 0
+
+__global__ void __launch_bounds__(kThreads, 1) route_publish(uint32_t* out) {
+  __shared__ uint32_t words[kRouteCtas * kRouteWords];
+  __shared__ uint64_t bar;
+  const int t = blockIdx.x;
+  if (t == 0) {
+    if (threadIdx.x < kRouteCtas * kRouteWords) words[threadIdx.x] = 0u;
+    if (threadIdx.x == 0 && gridDim.x > 1) {
+      ptx::mbar_init(&bar, 1);
+      ptx::fence_mbarrier_init();
+      ptx::mbar_arrive_expect_tx(&bar, gridDim.x * kRouteWords * 4);
+    }
+  }
+  ptx::cluster_arrive_release();
+  __syncthreads();
+  ptx::cluster_wait();
+  if (threadIdx.x < kRouteWords)
+    ptx::red_async_or(ptx::map_to_rank(ptx::smem_addr(&words[t * kRouteWords + threadIdx.x]), 0), 1u << t,
+                      ptx::map_to_rank(ptx::smem_addr(&bar), 0));
+  if (t != 0) return;
+  ptx::mbar_wait<true>(ptx::smem_addr(&bar), 0);
+  if (threadIdx.x < kRouteCtas * kRouteWords) out[threadIdx.x] = words[threadIdx.x];
+}
+
+// ---- attn2's exchange ------------------------------------------------------------------
+enum Flags : int { kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8 };
+constexpr int kStages = 3, kStageBytes = 16384, kHalfBytes = kStageBytes / 2, kTiles = 4;
+constexpr int kExchangeOffset = 64 * 72 * 2;                        // attn2: after the fp16 merge area
+constexpr int kRecvOffset = (kStages - 1) * kStageBytes + 4096;      // attn2: in warpgroup 0's last stage
+constexpr int kRecvBytes = 64 * (64 * 2 + 16);                      // 9216 from the cluster
+constexpr int kDynSmem = 2 * kStages * kStageBytes + 8192 + 1024;   // attn2's plan: 2 CTAs per SM
+constexpr int kBoxRows = 64;                                        // a box: 64 rows x 128 bytes = 8 KB
+
+template <int kCluster, int kFlags>
+__global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ CUtensorMap map, float* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint64_t full[2 * kStages];
+  __shared__ uint64_t empty[2 * kStages];
+  __shared__ uint64_t recv;
+  const int kh = threadIdx.x / kHalf, rw = threadIdx.x / 32 % kRowWarps, lane = threadIdx.x % 32;
+  const uint32_t rank = static_cast<uint32_t>(blockIdx.x) % kCluster;
+  const uint32_t base = (ptx::smem_addr(smem) + 1023u) & ~1023u;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < 2 * kStages; ++st) {
+      ptx::mbar_init(&full[st], 1);
+      ptx::mbar_init(&empty[st], kRowWarps);
+    }
+    ptx::mbar_init(&recv, 1);
+    ptx::fence_mbarrier_init();
+    if (kFlags & kPush) ptx::mbar_arrive_expect_tx(&recv, kRecvBytes);
+  }
+  __syncthreads();
+  float acc = 0.0f;
+  if (kFlags & kRing) {
+    const auto issue = [&](int j) {  // (warp 0 of the warpgroup) tile j: two boxes into its stage
+      const int st = kh * kStages + j % kStages;
+      if (lane == 0) {
+        ptx::mbar_arrive_expect_tx(&full[st], kStageBytes);
+        for (int h = 0; h < 2; ++h)
+          ptx::tma_load_2d(base + st * kStageBytes + h * kHalfBytes, &map, ptx::smem_addr(&full[st]), 0,
+                           (2 * j + h) * kBoxRows);
+      }
+      __syncwarp();
+    };
+    if (rw == 0)
+      for (int j = 0; j < kStages; ++j) issue(j);
+    for (int it = 0; it < kTiles; ++it) {
+      const int st = kh * kStages + it % kStages;
+      ptx::mbar_wait_spin(&full[st], (it / kStages) & 1);
+      const uint32_t stage = base + st * kStageBytes;
+      if (it == kTiles - 1) {  // attn2's tile past L: rows of V zeroed for the async proxy
+        ptx::st_shared_v4(stage + kHalfBytes + (threadIdx.x % kHalf) * 16, 0, 0, 0, 0);
+        ptx::fence_proxy_async_smem();
+        if (kh == 0)
+          asm volatile("bar.sync 1, 128;" ::: "memory");
+        else
+          asm volatile("bar.sync 2, 128;" ::: "memory");
+      }
+      float v;
+      asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(stage + (threadIdx.x % kHalf) * 4) : "memory");
+      acc += v;
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&empty[st]);
+      if (rw == 0 && it + kStages < kTiles) {
+        ptx::mbar_wait_spin(&empty[st], (it / kStages) & 1);
+        issue(it + kStages);
+      }
+    }
+  }
+  __syncthreads();  // attn2: the first half may still read the last stage
+  if (kFlags & kPush) ptx::cluster_arrive_relaxed();
+  float4* xchg = reinterpret_cast<float4*>(smem + kExchangeOffset);
+  if (kh == 1) {
+    const int t = threadIdx.x - kHalf;
+#pragma unroll
+    for (int n = 0; n < 9; ++n) xchg[n * kHalf + t] = make_float4(acc + n, acc - n, acc * n, acc + t);
+  }
+  __syncthreads();  // attn2: the second half's state written
+  if (kFlags & kPreexit) ptx::griddep_launch_dependents();
+  if (kh == 0) {
+#pragma unroll
+    for (int n = 0; n < 9; ++n) {
+      const float4 v = xchg[n * kHalf + threadIdx.x];
+      acc += v.x + v.y + v.z + v.w;
+    }
+  }
+  if (kFlags & kTrailingBar) __syncthreads();
+  if (kFlags & kPush) {
+    ptx::cluster_wait();
+    // Every rank gets kRecvBytes / kCluster bytes from each CTA, at this CTA's rank's slot.
+    constexpr int kChunks = kRecvBytes / kCluster / 16;
+    const uint32_t area = ptx::smem_addr(smem + kRecvOffset);
+    if (kh == 0 && threadIdx.x < kChunks) {
+      const uint4 v = make_uint4(__float_as_uint(acc), rank, threadIdx.x, 0u);
+      for (int d = 0; d < kCluster; ++d)
+        ptx::st_async_v4(ptx::map_to_rank(area + (rank * kChunks + threadIdx.x) * 16, d), v,
+                         ptx::map_to_rank(ptx::smem_addr(&recv), d));
+    }
+    if (kh == 0) {
+      ptx::mbar_wait_spin(&recv, 0);
+      for (int c = threadIdx.x; c < kRecvBytes / 16; c += kHalf)
+        acc += __uint_as_float(reinterpret_cast<const uint4*>(smem + kRecvOffset)[c].x);
+    }
+  }
+  out[blockIdx.x * kThreads + threadIdx.x] = acc;
+}
+
+// ---- synccheck calibration -------------------------------------------------------------
+// A barrier armed for bytes that never come: kClose completes them itself
+// (attn2's leaving clusters); otherwise the CTA exits with the phase open.
+template <bool kClose>
+__global__ void __launch_bounds__(kThreads) armed_exit(int* out) {
+  __shared__ uint64_t bar;
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(&bar, 1);
+    ptx::fence_mbarrier_init();
+    ptx::mbar_arrive_expect_tx(&bar, 9216);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && kClose) ptx::mbar_complete_tx(&bar, 9216);
+  if (threadIdx.x == 0) out[blockIdx.x] = 1;
+}
+
+// ---- host ---------------------------------------------------------------------------------
+bool ok(int err, const char* what) {
+  if (err != 0) std::printf("%s: launch failed: %s\n", what, cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return err == 0;
+}
+
+template <int kCluster, int kFlags>
+bool run_exchange(const CUtensorMap& map, float* out, const char* what) {
+  constexpr auto kernel = exchange<kCluster, kFlags>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmem) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+          cudaSuccess ||
+      (kCluster > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
+    std::printf("%s: attributes refused\n", what);
+    return false;
+  }
+  // attn2's one-slice launch at TP8 (2 KV heads, 2 requests) in clusters of 16: 64 CTAs; 4 such grids' worth.
+  const LaunchShape shape{dim3(256), dim3(kThreads), kDynSmem, kCluster};
+  const bool launched = ok(launch_kernel<kernel>(shape, nullptr, map, out), what);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("%-40s %s\n", what, launched ? cudaGetErrorString(e) : "not launched");
+  return launched && e == cudaSuccess;
+}
+
+int race() {
+  float* out = nullptr;
+  uint16_t* src = nullptr;
+  const size_t rows = 2 * kTiles * kBoxRows;
+  if (cudaMalloc(&out, 256 * kThreads * sizeof(float)) != cudaSuccess ||
+      cudaMalloc(&src, rows * 64 * sizeof(uint16_t)) != cudaSuccess)
+    return 1;
+  cudaMemset(src, 0, rows * 64 * sizeof(uint16_t));
+  const auto encode = muse_decode::detail::encode_tiled_fn();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {64, rows};
+  const cuuint64_t strides[1] = {64 * sizeof(uint16_t)};
+  const cuuint32_t box[2] = {64, kBoxRows};
+  const cuuint32_t elem[2] = {1, 1};
+  if (!encode || encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, src, dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::printf("tensor map refused\n");
+    return 1;
+  }
+  bool good = true;
+  uint32_t* words = reinterpret_cast<uint32_t*>(out);
+  good &= ok(launch_kernel<route_publish>(LaunchShape{dim3(kRouteCtas), dim3(kThreads), 0, kRouteCtas}, nullptr, words),
+             "route_publish");
+  const cudaError_t e = cudaDeviceSynchronize();
+  good &= e == cudaSuccess;
+  std::printf("%-40s %s\n", "route_publish", cudaGetErrorString(e));
+  good &= run_exchange<16, 0>(map, out, "exchange<16, 0>");
+  good &= run_exchange<16, kPreexit>(map, out, "exchange<16, kPreexit>");
+  good &= run_exchange<16, kPreexit | kTrailingBar>(map, out, "exchange<16, kPreexit | kTrailingBar>");
+  good &= run_exchange<16, kRing | kPreexit>(map, out, "exchange<16, kRing | kPreexit>");
+  good &= run_exchange<16, kRing | kPreexit | kPush>(map, out, "exchange<16, kRing | kPreexit | kPush>");
+  good &= run_exchange<16, kRing | kPreexit | kPush | kTrailingBar>(map, out,
+                                                                  "exchange<16, kRing | kPreexit | kPush | kTrailingBar>");
+  good &= run_exchange<8, kRing | kPreexit | kPush>(map, out, "exchange<8, kRing | kPreexit | kPush>");
+  cudaFree(out);
+  cudaFree(src);
+  std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");
+  return good ? 0 : 1;
+}
+
+template <bool kClose>
+int armed() {
+  int* out = nullptr;
+  if (cudaMalloc(&out, 64 * sizeof(int)) != cudaSuccess) return 1;
+  armed_exit<kClose><<<64, kThreads>>>(out);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("armed_exit<%s>: %s\n", kClose ? "true" : "false", cudaGetErrorString(e));
+  cudaFree(out);
+  return e == cudaSuccess ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "race";
+  if (std::strcmp(mode, "race") == 0) return race();
+  if (std::strcmp(mode, "open") == 0) return armed<false>();
+  if (std::strcmp(mode, "closed") == 0) return armed<true>();
+  std::printf("usage: %s race | open | closed\n", argv[0]);
+  return 2;
+}
