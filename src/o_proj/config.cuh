@@ -24,12 +24,13 @@ namespace muse_decode::oproj {
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
 inline constexpr int kConsumerThreads = kConsumerWarps * 32;
-inline constexpr int kProducerWarp = kConsumerWarps;  // its lane 0 issues every copy
-inline constexpr int kThreads = kConsumerThreads + 32;
+inline constexpr int kProducerWarp = kConsumerWarps;       // its lane 0 issues the weight's copies
+inline constexpr int kXProducerWarp = kConsumerWarps + 1;  // its lane 0 issues x's, after griddepcontrol.wait
+inline constexpr int kThreads = kConsumerThreads + 64;
 
 // Named barriers (0 is __syncthreads).
 enum class OProjBarrier : int {
-  kConsumers = 1,  // the 4 consumer warps; the producer warp never joins
+  kConsumers = 1,  // the 4 consumer warps; the producer warps never join
 };
 
 // ---- blocks ----------------------------------------------------------------------
@@ -53,15 +54,19 @@ static_assert(n_tiles_for(kOProjMaxTokens) * 8 == kOProjMaxTokens, "64 tokens: 8
 // SM (the shared-memory budget of one); kWStages_: weight blocks in the ring
 // (kWStages_ >= K / 64: the CTA's whole share sits in shared memory);
 // kMTilesPerWarp_: m-tiles each consumer warp multiplies by the same x
-// fragments (2 halves the shared-memory reads of x). The x ring takes what
-// the budget leaves, up to kMaxXStages.
-template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_>
+// fragments (2 halves the shared-memory reads of x); kHeldBlocks_: weight
+// blocks the consumer warps load into registers before x exists, so that
+// their stages take later blocks before griddepcontrol.wait too (the
+// weight that leaves before the wait is kWStages_ + kHeldBlocks_ blocks).
+// The x ring takes what the budget leaves, up to kMaxXStages.
+template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_, int kHeldBlocks_ = 0>
 struct Config {
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int NT = NT_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kWStages = kWStages_;
   static constexpr int kMTilesPerWarp = kMTilesPerWarp_;
+  static constexpr int kHeldBlocks = kHeldBlocks_;
 
   static constexpr int kRows = 16 * kRowTiles;                     // output columns per CTA
   static constexpr int kCtas = kOProjOutWidth / kRows;             // the grid, whatever K and T
@@ -103,6 +108,7 @@ struct Config {
   static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8, "1, 2, 4 or 8 n-tiles of 8 tokens");
   static_assert(kOProjOutWidth % kRows == 0, "the grid covers the 8192 output columns exactly");
   static_assert(kWStages >= 2 && kWStages <= kMaxBlocks, "a weight ring of 2 .. 128 blocks");
+  static_assert(kHeldBlocks >= 0 && kHeldBlocks <= kWStages, "the blocks held in registers are the first ring's");
   static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");

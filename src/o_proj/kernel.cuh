@@ -43,7 +43,11 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
   ptx::griddep_launch_dependents();
 
   if (warp == kProducerWarp) {
-    if (lane == 0) produce<Cfg>(rings, &w_map, &x_map, row0, blocks);
+    if (lane == 0) produce_w<Cfg>(rings, &w_map, row0, blocks);
+    return;
+  }
+  if (warp == kXProducerWarp) {
+    if (lane == 0) produce_x<Cfg>(rings, &x_map, blocks);
     return;
   }
   WarpSums<Cfg> acc;

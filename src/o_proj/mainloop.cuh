@@ -40,27 +40,32 @@ struct Lane {
 // One block's operands of one warp: A of its m-tiles for its k-steps, B for
 // the NT n-tiles (n-tile nt in b[j][2 nt], b[j][2 nt + 1]).
 template <typename Cfg>
-struct BlockFrags {
-  uint32_t a[Cfg::kStepsPerWarp][Cfg::kMTilesPerWarp][4];
-  uint32_t b[Cfg::kStepsPerWarp][2 * Cfg::NT];
-};
+using AFrags = uint32_t[Cfg::kStepsPerWarp][Cfg::kMTilesPerWarp][4];
+template <typename Cfg>
+using BFrags = uint32_t[Cfg::kStepsPerWarp][2 * Cfg::NT];
 
 template <typename Cfg>
-__device__ __forceinline__ void load_block(BlockFrags<Cfg>& f, uint32_t w_s, uint32_t x_s, const Lane& l) {
+__device__ __forceinline__ void load_a(AFrags<Cfg>& a, uint32_t w_s, const Lane& l) {
+#pragma unroll
+  for (int j = 0; j < Cfg::kStepsPerWarp; ++j)
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
+      ptx::ldmatrix_x4(a[j][mt], w_s + swizzled(l.a_row + mt * 16, (l.first_step + j) * 2 + l.a_chunk));
+}
+
+template <typename Cfg>
+__device__ __forceinline__ void load_b(BFrags<Cfg>& b, uint32_t x_s, const Lane& l) {
 #pragma unroll
   for (int j = 0; j < Cfg::kStepsPerWarp; ++j) {
     const int ks = l.first_step + j;
-#pragma unroll
-    for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
-      ptx::ldmatrix_x4(f.a[j][mt], w_s + swizzled(l.a_row + mt * 16, ks * 2 + l.a_chunk));
     if constexpr (Cfg::NT == 1) {
-      uint32_t (&b)[2] = *reinterpret_cast<uint32_t(*)[2]>(&f.b[j][0]);
-      ptx::ldmatrix_x2(b, x_s + swizzled(l.b_row & 7, ks * 2 + l.b_chunk));
+      uint32_t (&b2)[2] = *reinterpret_cast<uint32_t(*)[2]>(&b[j][0]);
+      ptx::ldmatrix_x2(b2, x_s + swizzled(l.b_row & 7, ks * 2 + l.b_chunk));
     } else {
 #pragma unroll
       for (int p = 0; p < Cfg::NT / 2; ++p) {
-        uint32_t (&b)[4] = *reinterpret_cast<uint32_t(*)[4]>(&f.b[j][4 * p]);
-        ptx::ldmatrix_x4(b, x_s + swizzled(p * 16 + l.b_row, ks * 2 + l.b_chunk));
+        uint32_t (&b4)[4] = *reinterpret_cast<uint32_t(*)[4]>(&b[j][4 * p]);
+        ptx::ldmatrix_x4(b4, x_s + swizzled(p * 16 + l.b_row, ks * 2 + l.b_chunk));
       }
     }
   }
@@ -87,14 +92,14 @@ struct Accumulators {
           for (int e = 0; e < 4; ++e) c[ch][mt][nt][e] = 0.0f;
   }
 
-  __device__ __forceinline__ void mma(const BlockFrags<Cfg>& f) {
+  __device__ __forceinline__ void mma(const AFrags<Cfg>& a, const BFrags<Cfg>& b) {
 #pragma unroll
     for (int j = 0; j < Cfg::kStepsPerWarp; ++j)
 #pragma unroll
       for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
 #pragma unroll
         for (int nt = 0; nt < Cfg::NT; ++nt)
-          ptx::mma_m16n8k16_bf16(c[j % Cfg::kChains][mt][nt], f.a[j][mt], f.b[j][2 * nt], f.b[j][2 * nt + 1]);
+          ptx::mma_m16n8k16_bf16(c[j % Cfg::kChains][mt][nt], a[j][mt], b[j][2 * nt], b[j][2 * nt + 1]);
   }
 
   // acc = chain 0 + chain 1 + ... (this order).
@@ -113,26 +118,54 @@ struct Accumulators {
   }
 };
 
-// The consumer warps' loop over the CTA's `blocks` blocks: wait for the
-// block's weight and x, load the fragments, release both stages, multiply.
+// The consumer warps' loop over the CTA's `blocks` blocks. First, before x
+// exists, the A fragments of the first kHeldBlocks blocks go into registers
+// and their weight stages back to the producer, which refills them before
+// its griddepcontrol.wait. Then block by block: wait for the block's x (and
+// weight, unless held), load the fragments, release the stages, multiply.
 // acc: this warp's sums of its m-tiles over its k-group's k-steps.
 template <typename Cfg>
 __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, const Lane& l, int lane,
                                            WarpSums<Cfg>& acc) {
+  constexpr int kHeld = Cfg::kHeldBlocks;
+  AFrags<Cfg> held[kHeld > 0 ? kHeld : 1];
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    if (h < blocks) {  // stage h, its first fill
+      ptx::mbar_wait(&r.w.full[h], 0);
+      load_a<Cfg>(held[h], r.w.stage(h), l);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&r.w.empty[h]);
+    }
+  }
   Accumulators<Cfg> chains;
   chains.zero();
-  for (int b = 0; b < blocks; ++b) {
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    if (h < blocks) {
+      const int xs = h % Cfg::kXStages;
+      ptx::mbar_wait(&r.x.full[xs], r.x.parity(h));
+      BFrags<Cfg> b;
+      load_b<Cfg>(b, r.x.stage(h), l);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(&r.x.empty[xs]);
+      chains.mma(held[h], b);
+    }
+  }
+  for (int b = kHeld; b < blocks; ++b) {
     const int ws = b % Cfg::kWStages, xs = b % Cfg::kXStages;
     ptx::mbar_wait(&r.w.full[ws], r.w.parity(b));
     ptx::mbar_wait(&r.x.full[xs], r.x.parity(b));
-    BlockFrags<Cfg> f;
-    load_block(f, r.w.stage(b), r.x.stage(b), l);
+    AFrags<Cfg> a;
+    BFrags<Cfg> x;
+    load_a<Cfg>(a, r.w.stage(b), l);
+    load_b<Cfg>(x, r.x.stage(b), l);
     __syncwarp();
     if (lane == 0) {
       ptx::mbar_arrive(&r.w.empty[ws]);
       ptx::mbar_arrive(&r.x.empty[xs]);
     }
-    chains.mma(f);
+    chains.mma(a, x);
   }
   chains.sum(acc);
 }

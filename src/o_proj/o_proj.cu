@@ -32,8 +32,8 @@ namespace {
 // 5.66 / 6.14 / 7.25 / 9.72); the whole 128 KB share with one CTA per SM
 // 6.02 / 6.06 / 6.46 / 7.29 / 8.78 (the next launch's CTAs find no room until
 // this one's leave).
-using ShortNt1 = Config<4, 1, 2, 8, 2>;
-using ShortNt2 = Config<4, 2, 2, 8, 2>;
+using ShortNt1 = Config<4, 1, 2, 8, 2, 8>;
+using ShortNt2 = Config<4, 2, 2, 8, 2, 8>;
 using ShortNt4 = Config<4, 4, 2, 6, 2>;
 using ShortNt8 = Config<4, 8, 2, 6, 2>;
 // Long K (2048 to 8192, TP4 to TP1: 32-128 blocks): one CTA per SM with 16

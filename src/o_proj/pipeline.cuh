@@ -1,12 +1,13 @@
-// The two rings between a CTA's producer thread and its consumer warps, and
-// the producer itself.
+// The two rings between a CTA's producer threads and its consumer warps, and
+// the producers themselves.
 //
 // Block b of K (64 columns) goes into weight stage b % kWStages and x stage
 // b % kXStages; each stage has a full barrier (the producer's arrival and the
 // copy's bytes) and an empty barrier (one arrival per consumer warp). The
 // weight does not depend on the previous kernel, so every weight copy that
-// has a free stage leaves before griddepcontrol.wait; x, the previous
-// kernel's output, only after it.
+// has a free stage leaves before griddepcontrol.wait (and so do the blocks
+// that refill the stages of the blocks the consumers hold in registers); x,
+// the previous kernel's output, only after it.
 #pragma once
 
 #include <cuda.h>
@@ -54,43 +55,38 @@ struct Rings {
   }
 };
 
-// The producer (lane 0 of the producer warp) for the CTA's `blocks` blocks
-// of its kRows weight rows from `row0`: first the weight blocks that have a
-// stage, then griddepcontrol.wait, then the x blocks that have a stage, then
-// each later block once the consumers have freed the stage it goes into.
-// Consumers release a block's weight and x stages together, so the producer
-// waits for block b's release before refilling either with a later block.
+// The two producers, each one thread, so that neither ring's copies wait
+// behind the other's barriers.
+//
+// The weight's (lane 0 of kProducerWarp), for the CTA's `blocks` blocks of
+// its kRows weight rows from `row0`: the blocks that have a stage, then, as
+// the consumers take the first kHeldBlocks into registers, the blocks that
+// go into the stages they free, all without waiting for the previous kernel;
+// then each later block once the consumers have freed its stage.
 template <typename Cfg>
-__device__ __forceinline__ void produce(const Rings<Cfg>& r, const CUtensorMap* w_map, const CUtensorMap* x_map,
-                                        int row0, int blocks) {
+__device__ __forceinline__ void produce_w(const Rings<Cfg>& r, const CUtensorMap* w_map, int row0, int blocks) {
   ptx::prefetch_tensor_map(w_map);
-  ptx::prefetch_tensor_map(x_map);
-  const auto copy_w = [&](int b) {
+  for (int b = 0; b < blocks; ++b) {
+    // Block b goes into the stage block b - kWStages frees.
+    if (b >= Cfg::kWStages) ptx::mbar_wait(&r.w.empty[b % Cfg::kWStages], r.w.parity(b - Cfg::kWStages));
     uint64_t* full = &r.w.full[b % Cfg::kWStages];
     ptx::mbar_arrive_expect_tx(full, Cfg::kWBytes);
     ptx::tma_load_2d(r.w.stage(b), w_map, ptx::smem_addr(full), b * kBlockK, row0);
-  };
-  const auto copy_x = [&](int b) {
+  }
+}
+
+// x's (lane 0 of kXProducerWarp): griddepcontrol.wait (x is the previous
+// kernel's output), then the blocks that have a stage, then each later block
+// once the consumers have freed its stage.
+template <typename Cfg>
+__device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap* x_map, int blocks) {
+  ptx::prefetch_tensor_map(x_map);
+  ptx::griddep_wait();
+  for (int b = 0; b < blocks; ++b) {
+    if (b >= Cfg::kXStages) ptx::mbar_wait(&r.x.empty[b % Cfg::kXStages], r.x.parity(b - Cfg::kXStages));
     uint64_t* full = &r.x.full[b % Cfg::kXStages];
     ptx::mbar_arrive_expect_tx(full, Cfg::kXBytes);
     ptx::tma_load_2d(r.x.stage(b), x_map, ptx::smem_addr(full), b * kBlockK, 0);
-  };
-  const int w_early = blocks < Cfg::kWStages ? blocks : Cfg::kWStages;
-  for (int b = 0; b < w_early; ++b) copy_w(b);
-  ptx::griddep_wait();  // x is the previous kernel's output
-  const int x_early = blocks < Cfg::kXStages ? blocks : Cfg::kXStages;
-  for (int b = 0; b < x_early; ++b) copy_x(b);
-  // Block b's release frees weight stage b % kWStages for block b + kWStages
-  // and x stage b % kXStages for block b + kXStages.
-  for (int b = 0; b + Cfg::kXStages < blocks || b + Cfg::kWStages < blocks; ++b) {
-    if (b + Cfg::kXStages < blocks) {
-      ptx::mbar_wait(&r.x.empty[b % Cfg::kXStages], r.x.parity(b));
-      copy_x(b + Cfg::kXStages);
-    }
-    if (b + Cfg::kWStages < blocks) {
-      ptx::mbar_wait(&r.w.empty[b % Cfg::kWStages], r.w.parity(b));
-      copy_w(b + Cfg::kWStages);
-    }
   }
 }
 
