@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Where a traced kernel's time goes, from the ring its benchmark dumps.
+"""Where a traced kernel's time goes, from the rings the muse-decode tool dumps.
 
 A build configured with -DMUSE_DECODE_TRACE=ON has every instrumented kernel
-record, per CTA and launch, the %globaltimer stamp of each named phase it
-reached (src/common/trace.cuh); the muse-decode tool dumps attn2's ring after
-timing it when MUSE_DECODE_TRACE_DIR is set. This prints, per phase, the first, median
-and last CTA of a call, in us after the previous call's last CTA left, as the
-median over the steady-state calls:
+(qkv_front, attn2, o_proj) record, per CTA and launch, the %globaltimer stamp
+of each named phase it reached (src/common/trace.cuh). With
+MUSE_DECODE_TRACE_DIR set, the tool dumps attn2's ring after timing attn2
+alone, and all three rings after timing the block.
+
+One kernel, per phase, the first, median and last CTA of a call, in us after
+the previous call's last CTA left, as the median over the steady-state calls:
 
   python3 bench/trace.py attn2 TRACE.bin GRID_CTAS
 
@@ -14,6 +16,15 @@ GRID_CTAS is the launch's CTA count (slices x cluster x KV heads x requests).
 A call's CTAs all enter before the next call's first one (the next launch
 starts once every CTA has passed griddepcontrol.launch_dependents or left),
 so in entry order the calls are consecutive runs of GRID_CTAS records.
+
+The block (qkv_front, attn2 and o_proj chained), the same per phase of each
+kernel, in us after the previous iteration's last o_proj CTA left:
+
+  python3 bench/trace.py block FRONT.bin ATTN2.bin O_PROJ.bin
+
+qkv_front's and o_proj's records carry their launch's CTA count; attn2's
+CTAs of an iteration are those that entered between its qkv_front's first
+CTA and the next iteration's.
 """
 import signal
 import statistics
@@ -24,6 +35,8 @@ RECORD_WORDS, STAMP_WORDS, SM, CTA, SEQ, TAG = 32, 24, 24, 25, 26, 27
 
 # Phase names in the order of each kernel's Phase enum.
 PHASES = {
+    "qkv_front": ["enter", "init synced", "past the wait", "loop done", "exit"],  # src/qkv_front/config.cuh
+    "o_proj": ["enter", "init synced", "weight held", "first x landed", "loop done", "exit"],  # src/o_proj/config.cuh
     "attn2": [  # src/attn2/config.cuh
         "enter", "init synced", "L arrived", "scheduled", "first tile ids", "early copies issued", "past the wait",
         "all issued", "Q staged", "first tile landed", "first scores", "first softmax", "second tile landed",
@@ -33,8 +46,72 @@ PHASES = {
 }
 
 
+def read_ring(path):
+    """The ring's records, oldest first (launch-order sequence number)."""
+    data = open(path, "rb").read()
+    size = RECORD_WORDS * 8
+    return sorted((struct.unpack_from(f"<{RECORD_WORDS}Q", data, k * size) for k in range(len(data) // size)),
+                  key=lambda r: r[SEQ])
+
+
+def calls_by_tag(recs):
+    """The latest calls of a kernel whose records carry their launch's CTA count, oldest first."""
+    calls, end = [], len(recs)
+    while end > 0:
+        grid = recs[end - 1][TAG]
+        if grid == 0 or end < grid or any(r[TAG] != grid for r in recs[end - grid:end]):
+            break
+        calls.append(recs[end - grid:end])
+        end -= grid
+    return calls[::-1]
+
+
+def block(front_path, attn_path, oproj_path):
+    """Per kernel and phase of the block: first, median and last CTA, us after the previous iteration's end."""
+    fronts, oprojs = calls_by_tag(read_ring(front_path)), calls_by_tag(read_ring(oproj_path))
+    attn_recs = read_ring(attn_path)
+    f_exit, o_exit = len(PHASES["qkv_front"]) - 1, len(PHASES["o_proj"]) - 1
+    # Pair each o_proj call with the qkv_front call before it (the last calls of both rings are the block's).
+    n = min(len(fronts), len(oprojs))
+    fronts, oprojs = fronts[-n:], oprojs[-n:]
+    starts = [min(r[0] for r in c) for c in fronts]
+    iters = []
+    for j in range(1, n - 1):
+        attn = [r for r in attn_recs if starts[j] <= r[0] < starts[j + 1]]
+        t0 = max(r[o_exit] for r in oprojs[j - 1])
+        end = max(r[o_exit] for r in oprojs[j])
+        if not attn or starts[j] < t0 - 50e3:
+            continue
+        iters.append((t0, end, {"qkv_front": fronts[j], "attn2": attn, "o_proj": oprojs[j]}))
+    if len(iters) < 4:
+        sys.exit(f"only {len(iters)} whole iterations in the rings")
+    periods = [(e - t0) / 1e3 for t0, e, _ in iters]
+    med = statistics.median
+    typical = med(periods)
+    iters = [it for it, p in zip(iters, periods) if p < 2 * typical]  # replay boundaries (the L2 flush) out
+    print(f"# the block: {len(iters)} iterations; period (o_proj's last exit to the next) median {typical:.2f} us, "
+          f"min {min(periods):.2f}")
+    print(f"# CTAs per call: qkv_front {len(iters[0][2]['qkv_front'])}, attn2 {len(iters[0][2]['attn2'])}, "
+          f"o_proj {len(iters[0][2]['o_proj'])}")
+    print(f"# {'kernel':9s} {'phase':22s} {'first':>7s} {'median':>7s} {'last':>7s}   (us after the previous "
+          "iteration's last o_proj exit)")
+    for op in ("qkv_front", "attn2", "o_proj"):
+        for i, name in enumerate(PHASES[op]):
+            firsts, medians, lasts = [], [], []
+            for t0, _, calls in iters:
+                ts = sorted((r[i] - t0) / 1e3 for r in calls[op] if r[i] != 0)
+                if ts:
+                    firsts.append(ts[0])
+                    medians.append(ts[len(ts) // 2])
+                    lasts.append(ts[-1])
+            if firsts:
+                print(f"  {op:9s} {name:22s} {med(firsts):7.2f} {med(medians):7.2f} {med(lasts):7.2f}")
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if len(sys.argv) == 5 and sys.argv[1] == "block":
+        return block(*sys.argv[2:])
     if len(sys.argv) != 4 or sys.argv[1] not in PHASES:
         sys.exit(__doc__)
     names, path, grid = PHASES[sys.argv[1]], sys.argv[2], int(sys.argv[3])

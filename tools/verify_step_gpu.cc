@@ -99,19 +99,22 @@ void capture(Graph& g, cudaStream_t s, int calls, F&& call) {
 
 }  // namespace
 
-// A build with -DMUSE_DECODE_TRACE=ON defines the dump of attn2's phase
-// stamps (src/common/trace.cuh); with MUSE_DECODE_TRACE_DIR set, the ring of
-// the timed calls goes to trace_attn2_<tp>_<context>_<layer>.bin there, for
-// bench/trace.py.
+// A build with -DMUSE_DECODE_TRACE=ON defines the dumps of the kernels'
+// phase stamps (src/common/trace.cuh). With MUSE_DECODE_TRACE_DIR set, the
+// tool writes attn2's ring after timing attn2 alone
+// (trace_attn2_<tp>_<context>_<layer>.bin) and all three rings after timing
+// the block (trace_block_<op>_<tp>_<context>_<layer>.bin), for bench/trace.py.
 extern "C" int muse_decode_dump_attn2_trace(const char* path) __attribute__((weak));
+extern "C" int muse_decode_dump_qkv_front_trace(const char* path) __attribute__((weak));
+extern "C" int muse_decode_dump_o_proj_trace(const char* path) __attribute__((weak));
 
 namespace {
-void dump_attn2_trace(const Deployment& d) {
+void dump_trace(int (*dump)(const char*), const char* what, const Deployment& d) {
   const char* dir = std::getenv("MUSE_DECODE_TRACE_DIR");
-  if (!muse_decode_dump_attn2_trace || !dir) return;
-  const std::string path = std::string(dir) + "/trace_attn2_tp" + std::to_string(d.tp) + "_" +
+  if (!dump || !dir) return;
+  const std::string path = std::string(dir) + "/trace_" + what + "_tp" + std::to_string(d.tp) + "_" +
                            std::to_string(d.context) + "_" + (d.sliding ? "sliding" : "full") + ".bin";
-  if (muse_decode_dump_attn2_trace(path.c_str()) != 0) std::fprintf(stderr, "could not write %s\n", path.c_str());
+  if (dump(path.c_str()) != 0) std::fprintf(stderr, "could not write %s\n", path.c_str());
 }
 }  // namespace
 
@@ -423,7 +426,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   results[0].unfused_us = time_it(op_calls, unfused_front_call);
   note(d, "timing attn2 (fused and unfused)");
   results[1].us = time_it(op_calls, [&](int i) { attn_call(i); });
-  dump_attn2_trace(d);
+  dump_trace(muse_decode_dump_attn2_trace, "attn2", d);
   results[1].unfused_us = time_it(std::min(op_calls, 8), unfused_attn_call);
   note(d, "timing route (fused and unfused)");
   results[3].us = time_it(route_calls, route_call);
@@ -472,6 +475,9 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       attn_call(i);
       o_proj_call(i);
     });
+    dump_trace(muse_decode_dump_qkv_front_trace, "block_qkv_front", d);
+    dump_trace(muse_decode_dump_attn2_trace, "block_attn2", d);
+    dump_trace(muse_decode_dump_o_proj_trace, "block_o_proj", d);
     b.unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
       unfused_front_call(i);
       unfused_attn_call(i);

@@ -117,4 +117,16 @@ struct Config {
   static_assert(kRows * 2 % 16 == 0, "a token's output columns are whole 16-byte chunks");
 };
 
+// ---- instrumentation ------------------------------------------------------------------
+// The kernel's named phases (src/common/trace.cuh), stamped by thread 0 (a
+// consumer); the record's tag is the launch's CTA count.
+enum class Phase : int {
+  kEnter,
+  kInitSynced,  // the barriers initialised, the next launch allowed to start
+  kHeld,        // the held blocks' fragments in registers (the weight before the wait)
+  kFirstX,      // x's first block landed: the previous kernel is done
+  kLoopDone,    // the last block multiplied
+  kExit,        // the output tile written
+};
+
 }  // namespace muse_decode::oproj

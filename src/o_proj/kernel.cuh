@@ -11,12 +11,18 @@
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tensor_map_cache.h"
+#include "../common/trace.cuh"
 #include "config.cuh"
 #include "epilogue.cuh"
 #include "mainloop.cuh"
 #include "pipeline.cuh"
 
 namespace muse_decode::oproj {
+
+// The kernel's phase stamps (a traced build only). o_proj.cu, this header's
+// one includer, so holds the ring once.
+MUSE_DECODE_TRACE_RING(o_proj_trace)
+static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase has a stamp word");
 
 // CTA c computes out[:, c * kRows .. (c + 1) * kRows) over all of K.
 template <typename Cfg>
@@ -25,6 +31,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
                   const OProjParams p) {
   // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
   // period), checked at entry.
+  trace::Recorder<Phase> trace(o_proj_trace());
+  trace.tag(gridDim.x);
   extern __shared__ __align__(1024) uint8_t smem[];
   const Rings<Cfg> rings = Rings<Cfg>::carve(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -41,6 +49,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
   // The next kernel may start as soon as every CTA is here: its own
   // griddepcontrol.wait still waits for all of this grid.
   ptx::griddep_launch_dependents();
+  trace.mark(Phase::kInitSynced);
 
   if (warp == kProducerWarp) {
     if (lane == 0) produce_w<Cfg>(rings, &w_map, row0, blocks);
@@ -51,8 +60,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     return;
   }
   WarpSums<Cfg> acc;
-  mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc);
+  mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc, trace);
   store_tile<Cfg>(acc, smem, row0, p, warp, lane);
+  trace.mark(Phase::kExit);
 }
 
 // L2 promotion of the TMA reads: none (qkv_front's measurement on the same

@@ -124,9 +124,9 @@ struct Accumulators {
 // its griddepcontrol.wait. Then block by block: wait for the block's x (and
 // weight, unless held), load the fragments, release the stages, multiply.
 // acc: this warp's sums of its m-tiles over its k-group's k-steps.
-template <typename Cfg>
+template <typename Cfg, typename Trace>
 __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, const Lane& l, int lane,
-                                           WarpSums<Cfg>& acc) {
+                                           WarpSums<Cfg>& acc, Trace& trace) {
   constexpr int kHeld = Cfg::kHeldBlocks;
   AFrags<Cfg> held[kHeld > 0 ? kHeld : 1];
 #pragma unroll
@@ -138,6 +138,7 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
       if (lane == 0) ptx::mbar_arrive(&r.w.empty[h]);
     }
   }
+  trace.mark(Phase::kHeld);
   Accumulators<Cfg> chains;
   chains.zero();
 #pragma unroll
@@ -145,6 +146,7 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
     if (h < blocks) {
       const int xs = h % Cfg::kXStages;
       ptx::mbar_wait(&r.x.full[xs], r.x.parity(h));
+      if (h == 0) trace.mark(Phase::kFirstX);
       BFrags<Cfg> b;
       load_b<Cfg>(b, r.x.stage(h), l);
       __syncwarp();
@@ -156,6 +158,7 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
     const int ws = b % Cfg::kWStages, xs = b % Cfg::kXStages;
     ptx::mbar_wait(&r.w.full[ws], r.w.parity(b));
     ptx::mbar_wait(&r.x.full[xs], r.x.parity(b));
+    if (kHeld == 0 && b == 0) trace.mark(Phase::kFirstX);
     AFrags<Cfg> a;
     BFrags<Cfg> x;
     load_a<Cfg>(a, r.w.stage(b), l);
@@ -168,6 +171,7 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
     chains.mma(a, x);
   }
   chains.sum(acc);
+  trace.mark(Phase::kLoopDone);
 }
 
 }  // namespace muse_decode::oproj

@@ -145,4 +145,15 @@ struct ClusterLayout {
   static_assert(kEarlyStages >= 1 && kEarlyStages <= kStages, "the stages issued early are stages of the ring");
 };
 
+// ---- instrumentation ------------------------------------------------------------------
+// The kernels' named phases (src/common/trace.cuh), stamped by thread 0 (a
+// consumer); the record's tag is the launch's CTA count.
+enum class Phase : int {
+  kEnter,
+  kInitSynced,  // the barriers initialised, the next launch allowed to start
+  kWaited,      // past griddepcontrol.wait
+  kLoopDone,    // the CTA's last weight block multiplied
+  kExit,        // partials pushed (cluster ranks > 0) or the epilogue written
+};
+
 }  // namespace muse_decode::front

@@ -29,6 +29,7 @@
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tensor_map_cache.h"
+#include "../common/trace.cuh"
 #include "config.cuh"
 #include "epilogue.cuh"
 #include "mainloop.cuh"
@@ -38,6 +39,10 @@
 #include "schedule.cuh"
 
 namespace muse_decode::front {
+
+MUSE_DECODE_TRACE_RING(qkv_front_trace)
+static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase has a stamp word");
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -47,6 +52,8 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
     qkv_front_streamk_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const QkvFrontParams p) {
   using L = StreamKLayout;
+  trace::Recorder<Phase> trace(qkv_front_trace());
+  trace.tag(gridDim.x);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
@@ -69,6 +76,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
   // weights; attn2: lengths, block tables, keys older than the step's), and
   // the wait then waits for all of this grid.
   ptx::griddep_launch_dependents();
+  trace.mark(Phase::kInitSynced);
 
   if (warp == kStagingWarp) {
     stage_epilogue_inputs(p, epi, lane);
@@ -87,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
 
   // ---- consumers: segment by segment (one tile's blocks each) ----
   ptx::griddep_wait();  // positions, slots and every write below
+  trace.mark(Phase::kWaited);
   const FragRows rows = FragRows::of(warp, lane);
   const WorkspaceMerge<NT> merge(p.workspace, work.tiles);
   RingPosition<L::kStages> at;
@@ -102,6 +111,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
     if (!seg.whole && !merge.sum_if_last(acc, work, seg, s_last, threadIdx.x)) continue;
     head_epilogue<NT>(acc, epi, inputs_staged, seg.tile, p, warp, lane);
   }
+  trace.mark(Phase::kExit);
 }
 
 // ---------------------------------------------------------------------------
@@ -114,6 +124,8 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
                              const QkvFrontParams p) {
   using L = ClusterLayout<NT>;
   using Split = ClusterSplit<NT>;
+  trace::Recorder<Phase> trace(qkv_front_trace());
+  trace.tag(gridDim.x);
   // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
   // period), checked at entry.
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -149,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   // 0.15-0.2 us from T = 9 on).
   ptx::cluster_arrive_relaxed();
   ptx::griddep_launch_dependents();  // as in the stream-K kernel
+  trace.mark(Phase::kInitSynced);
 
   if (warp == kStagingWarp) {
     if (rank == 0) stage_epilogue_inputs(p, epi, lane);
@@ -163,21 +176,25 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
 
   // ---- consumers ----
   ptx::griddep_wait();  // positions, slots and every write below
+  trace.mark(Phase::kWaited);
   const FragRows rows = FragRows::of(warp, lane);
   Chains<NT, kClusterChains> chains;
   zero_chains(chains);
   RingPosition<L::kStages> at;
   int b = slice.begin;
   mma_blocks<Release::kInRegisters>(chains, ring, at, b, slice.end, rows, lane);
+  trace.mark(Phase::kLoopDone);
   float acc[NT][4];
   sum_chains(chains, acc);
   if (rank != 0) {
     merge.push(acc, rank, threadIdx.x);  // whole consumer warps (rank is the CTA's)
+    trace.mark(Phase::kExit);
     return;
   }
   merge.add(acc, threadIdx.x);
   bool inputs_staged = false;
   head_epilogue<NT>(acc, epi, inputs_staged, head, p, warp, lane);
+  trace.mark(Phase::kExit);
 }
 
 // ---------------------------------------------------------------------------
