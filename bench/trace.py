@@ -91,8 +91,10 @@ def block(front_path, attn_path, oproj_path):
     iters = [it for it, p in zip(iters, periods) if p < 2 * typical]  # replay boundaries (the L2 flush) out
     print(f"# the block: {len(iters)} iterations; period (o_proj's last exit to the next) median {typical:.2f} us, "
           f"min {min(periods):.2f}")
-    print(f"# CTAs per call: qkv_front {len(iters[0][2]['qkv_front'])}, attn2 {len(iters[0][2]['attn2'])}, "
-          f"o_proj {len(iters[0][2]['o_proj'])}")
+    counts = {op: int(med(len(it[2][op]) for it in iters)) for op in ("qkv_front", "attn2", "o_proj")}
+    iters = [it for it in iters if len(it[2]["attn2"]) == counts["attn2"]]  # iterations the attn2 ring covers whole
+    print(f"# CTAs per call: qkv_front {counts['qkv_front']}, attn2 {counts['attn2']}, o_proj {counts['o_proj']}; "
+          f"{len(iters)} iterations with every attn2 CTA in the ring")
     print(f"# {'kernel':9s} {'phase':22s} {'first':>7s} {'median':>7s} {'last':>7s}   (us after the previous "
           "iteration's last o_proj exit)")
     for op in ("qkv_front", "attn2", "o_proj"):

@@ -3,9 +3,9 @@
 //
 // The cost is reading the weight once (TP8: 16.8 MB, 4.0 us at 4.2 TB/s);
 // the math is 1.1 GFLOP at T = 64, so everything is arranged around the
-// stream of weight bytes: a producer thread per CTA keeps the CTA's weight
-// rows in flight (pipeline.cuh), 4 consumer warps multiply them by x as x
-// streams in after griddepcontrol.wait (mainloop.cuh), and the k-groups' sums
+// stream of weight bytes: one producer thread per CTA keeps the CTA's weight
+// rows in flight and another brings x after griddepcontrol.wait
+// (pipeline.cuh), 4 consumer warps multiply them (mainloop.cuh), and the k-groups' sums
 // are added in a fixed order and stored (epilogue.cuh). The shapes and the
 // shared-memory plan: config.cuh; the kernel and its launch: kernel.cuh.
 #include <cuda_runtime.h>
@@ -24,14 +24,18 @@ namespace {
 //
 // Short K (512 and 1024, TP16 and TP8: 8-16 blocks; measured at TP8): two
 // CTAs per SM, so that the next launch's CTAs are resident while this one
-// runs and stream their ring before their griddepcontrol.wait. H200, TP8,
-// PDL, us at T = 1 / 8 / 16 / 32 / 64 (bench_o_proj's method, one run):
-// 8 blocks of the 16 in the ring and two m-tiles per warp 5.26 / 5.32 / 5.54
-// / 6.50 / 7.52; 6 blocks (a deeper x ring) 5.64 / 5.68 / 5.73 / 6.39 / 7.39;
-// 12 blocks 5.47 / 5.66 / 5.86 / 7.18 / 8.47 (one m-tile per warp 5.42 /
-// 5.66 / 6.14 / 7.25 / 9.72); the whole 128 KB share with one CTA per SM
-// 6.02 / 6.06 / 6.46 / 7.29 / 8.78 (the next launch's CTAs find no room until
-// this one's leave).
+// runs and stream their weight before their griddepcontrol.wait. Up to
+// T = 16 the consumers also hold the first 8 blocks in registers before x
+// exists, so the ring takes blocks 8-15 early too and the whole 128 KB share
+// leaves before the wait: 4.34 / 5.12 / 5.26 us at T = 1 / 8 / 16 against
+// 5.26 / 5.40 / 5.62 without (H200, TP8, PDL, bench_o_proj's method, one
+// run); from T = 17 the accumulators need those registers. Without held
+// blocks (one run, us at T = 1 / 8 / 16 / 32 / 64): 8 blocks of the 16 in the
+// ring and two m-tiles per warp 5.26 / 5.32 / 5.54 / 6.50 / 7.52; 6 blocks (a
+// deeper x ring) 5.64 / 5.68 / 5.73 / 6.39 / 7.39; 12 blocks 5.47 / 5.66 /
+// 5.86 / 7.18 / 8.47 (one m-tile per warp 5.42 / 5.66 / 6.14 / 7.25 / 9.72);
+// the whole 128 KB share with one CTA per SM 6.02 / 6.06 / 6.46 / 7.29 / 8.78
+// (the next launch's CTAs find no room until this one's leave).
 using ShortNt1 = Config<4, 1, 2, 8, 2, 8>;
 using ShortNt2 = Config<4, 2, 2, 8, 2, 8>;
 using ShortNt4 = Config<4, 4, 2, 6, 2>;

@@ -4,10 +4,11 @@
 // Block b of K (64 columns) goes into weight stage b % kWStages and x stage
 // b % kXStages; each stage has a full barrier (the producer's arrival and the
 // copy's bytes) and an empty barrier (one arrival per consumer warp). The
-// weight does not depend on the previous kernel, so every weight copy that
-// has a free stage leaves before griddepcontrol.wait (and so do the blocks
-// that refill the stages of the blocks the consumers hold in registers); x,
-// the previous kernel's output, only after it.
+// weight does not depend on the previous kernel, so its copies never wait
+// for it: every block that has a free stage leaves at once, including the
+// blocks that refill the stages of the blocks the consumers hold in
+// registers; x, the previous kernel's output, only after
+// griddepcontrol.wait.
 #pragma once
 
 #include <cuda.h>
