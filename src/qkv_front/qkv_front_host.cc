@@ -133,6 +133,7 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
   }
   for (const auto& [t, name] : inputs) require_disjoint(a.kv_cache, "kv_cache", *t, name);
 
+
   // The workspace last: its size depends on the device the call runs on.
   const TensorRef& ws = a.workspace;
   const bool with_ws = complete || ws.present();
@@ -141,6 +142,16 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
     for (const auto& [t, name] : inputs) require_disjoint(ws, "workspace", *t, name);
     require_disjoint(ws, "workspace", a.kv_cache, "kv_cache");
     require_disjoint(ws, "workspace", out, "out");
+  }
+
+  // Last, the L2 prefetch hint: read by no thread, so it may alias anything.
+  const TensorRef& pf = a.l2_prefetch;
+  if (pf.present()) {
+    require_tensor(pf, "l2_prefetch", pf.dtype, dev);
+    require_contiguous(pf, "l2_prefetch");
+    detail::require_aligned(pf.data, "l2_prefetch", 16);
+    if (pf.span_bytes() % 16 != 0)
+      fail_expected("l2_prefetch", "a multiple of 16 bytes", cat(pf.span_bytes(), " bytes"));
   }
 
   QkvFrontParams p;
@@ -164,6 +175,10 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
   p.num_tokens = static_cast<int>(T);
   p.num_kv_heads = kvh;
   p.pdl = a.pdl;
+  if (pf.present()) {
+    p.l2_prefetch = pf.data;
+    p.l2_prefetch_bytes = pf.span_bytes();
+  }
   return p;
 }
 
