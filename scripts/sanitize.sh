@@ -16,9 +16,14 @@
 #   TIMEOUT_RACECHECK=420 TIMEOUT_MEMCHECK=240 ...   per-run limits, in seconds
 #
 # Besides the ops, bench/micro/sanitizer_patterns runs under racecheck (the
-# patterns that prove suppressions: an entry is honoured only when its pattern
-# reproduces its report in this run) and under synccheck (what it reports on
-# a CTA that exits with a barrier phase open, and on the same phase closed).
+# patterns that prove suppressions: an entry is honoured only when a pattern
+# reproduces its report, the same pair of access sites, in this run) and
+# under synccheck (the cluster merge's barrier protocol, and a CTA that exits
+# with a barrier phase open or closed). racecheck's reports name the two
+# access sites (function, file:line), not the kernel, so that pair is what
+# entries match. qkv_front's cluster case runs under racecheck as one run per
+# launch (--launch-skip / --launch-count on its kernel), first and in
+# parallel with the others: it is the slowest under that tool.
 # The table comes last; before it, the first reports of each failing run.
 # Every run's tool log and test output are kept in BUILD/sanitize/ (and, with
 # OUT set, archived to $OUT/sanitize_logs.tar.gz).
@@ -52,9 +57,14 @@ CASES=(
   "o_proj short_k OProjGpu.SanitizerShortK"
   "o_proj long_k OProjGpu.SanitizerLongK"
   "attn2 one_slice Attn2Gpu.SanitizerOneSlice"
-  "attn2 split Attn2Gpu.SanitizerSplit"
+  "attn2 split16 Attn2Gpu.SanitizerSplit16"
+  "attn2 split16_all Attn2Gpu.SanitizerSplit16AllActive"
+  "attn2 split8 Attn2Gpu.SanitizerSplit8"
   "route shapes RouteGpu.SanitizerShapes"
 )
+# racecheck over qkv_front's cluster case: its two launches (T = 1, then 9)
+# in runs of their own, each checking one launch of the cluster kernel.
+QKV_CLUSTER_KERNEL=qkv_front_cluster_kernel
 
 tool_args() {
   case $1 in
@@ -71,15 +81,33 @@ limit_of() {
     initcheck) echo "${TIMEOUT_INITCHECK:-240}" ;;
   esac
 }
+# Extra tool arguments of a run (by its case name).
+case_args() {
+  case $1 in
+    cluster_t1) echo "--kernel-name kns=$QKV_CLUSTER_KERNEL --launch-count 1" ;;
+    cluster_t9) echo "--kernel-name kns=$QKV_CLUSTER_KERNEL --launch-skip 1 --launch-count 1" ;;
+    *) ;;
+  esac
+}
 
-# The runs, racecheck's first (the longest: the weight-streaming ops).
+# The runs: racecheck's qkv_front cluster launches first (the longest), then
+# racecheck's others, then the other tools.
 runs=()
+if [[ " $TOOLS " == *" racecheck "* && " $OPS " == *" qkv_front "* ]]; then
+  if has --launch-count && has --kernel-name; then
+    runs+=("racecheck qkv_front cluster_t1 QkvFrontGpu.SanitizerCluster"
+           "racecheck qkv_front cluster_t9 QkvFrontGpu.SanitizerCluster")
+  else
+    runs+=("racecheck qkv_front cluster QkvFrontGpu.SanitizerCluster")
+  fi
+fi
 for tool in racecheck synccheck memcheck initcheck; do
   [[ " $TOOLS " == *" $tool "* ]] || continue
   [ "$tool" = racecheck ] && runs+=("racecheck patterns race")
-  [ "$tool" = synccheck ] && runs+=("synccheck patterns open" "synccheck patterns closed")
+  [ "$tool" = synccheck ] && runs+=("synccheck patterns race" "synccheck patterns open" "synccheck patterns closed")
   for c in "${CASES[@]}"; do
     read -r op name filter <<<"$c"
+    [ "$tool $op $name" = "racecheck qkv_front cluster" ] && continue  # (above)
     [[ " $OPS " == *" $op "* ]] && runs+=("$tool $op $name $filter")
   done
 done
@@ -100,7 +128,7 @@ launch() {  # tool op name [filter]
   # shellcheck disable=SC2046
   (
     t0=$(date +%s)
-    timeout -k 15 "$limit" "$CS" --tool "$tool" $(tool_args "$tool") "${port[@]}" --print-limit 1000 \
+    timeout -k 15 "$limit" "$CS" --tool "$tool" $(tool_args "$tool") $(case_args "$name") "${port[@]}" --print-limit 1000 \
       --error-exitcode 86 --log-file "$base.log" "${app[@]}" >"$base.out" 2>&1
     echo "$? $(($(date +%s) - t0)) $limit" >"$base.rc"
   ) &
@@ -151,8 +179,6 @@ for raw in open(os.path.join(root, "scripts/sanitize.supp"), encoding="utf-8").r
             cur[k].append(re.compile(expand(v)))
         else:
             cur[k] = v
-for e in entries:
-    e["repro_rx"] = re.compile(e.get("repro", "(?!)"))
 
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?|RACECHECK SUMMARY: (\d+) hazards? displayed")
 
@@ -200,7 +226,19 @@ def covering(tool, op, record):
     return None
 
 
-# The proofs: which entries a pattern reproduced, per tool, in this run.
+SITE = re.compile(r"\bin (\S+:\d+)")
+
+
+def sites(record):
+    """A record's sites (file:line): racecheck's two accesses; else its innermost and outermost device frames."""
+    found = SITE.findall(record)
+    if "Race reported between" in record:
+        return ", ".join(found[:2]) or "?"
+    return ", ".join(dict.fromkeys(found[:1] + found[-1:])) or "?"
+
+
+# The proofs: which entries a pattern reproduced, per tool, in this run (a
+# pattern record matching every repro_match regex of an entry of that tool).
 proofs, pattern_lines = {}, []
 for tool in tools:
     for base in sorted(p[:-3] for p in glob.glob(os.path.join(logs, f"{tool}.patterns.*.rc"))):
@@ -208,17 +246,20 @@ for tool in tools:
         recs, summary = parse(base + ".log")
         for e in entries:
             for r in recs:
-                if e.get("tool") == tool and e["repro_rx"].search(r) and all(rx.search(r) for rx in e["repro_match"]):
+                if e.get("tool") == tool and e["repro_match"] and all(rx.search(r) for rx in e["repro_match"]):
                     proofs.setdefault(e["name"], r.splitlines()[0][:200])
-        kernels = {}
+        pairs = {}
         for r in recs:
-            m = re.search(r"(route_publish|exchange<[^>]*>|armed_exit<[^>]*>)", r)
-            k = m.group(1) if m else "other"
-            kernels[k] = kernels.get(k, 0) + 1
+            k = sites(r)
+            pairs[k] = pairs.get(k, 0) + 1
         st = state(base)
         said = st if isinstance(st, str) else f"{summary} reports" if summary is not None else "no summary"
-        pattern_lines.append(f"{tool} {case}: {said}; by kernel: " +
-                             (", ".join(f"{k} x{v}" for k, v in sorted(kernels.items())) or "none"))
+        out = base + ".out"
+        lines = open(out, encoding="utf-8", errors="replace").read().splitlines() if os.path.exists(out) else []
+        bad = [l.strip() for l in lines if l.strip() and not l.rstrip().endswith(("no error", ": ran"))]
+        pattern_lines.append(f"{tool} {case}: {said}; by access sites: " +
+                             ("; ".join(f"{k} x{v}" for k, v in sorted(pairs.items())) or "none") +
+                             ("; program: " + " | ".join(bad[:4]) if bad else ""))
         for r in recs[:6]:
             pattern_lines.append("    " + "\n    ".join(r.splitlines()[:3]))
 
@@ -233,7 +274,10 @@ for tool in tools:
             case = base.rsplit(".", 1)[1]
             st = state(base)
             if isinstance(st, str):
-                bad.append(f"{case}: {st}")
+                out = base + ".out"
+                tail = [l.strip() for l in open(out, encoding="utf-8", errors="replace").read().splitlines()
+                        if l.strip()][-1:] if os.path.exists(out) else []
+                bad.append(f"{case}: {st}" + (f" (the test's output ends: {tail[0][:120]})" if tail else ""))
                 continue
             _, rc, s = st
             secs += s

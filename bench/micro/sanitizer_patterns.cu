@@ -6,35 +6,46 @@
 // scripts/sanitize.supp only while the pattern that entry names reproduces
 // its report here.
 //
-//   sanitizer_patterns race     every racecheck pattern below, one launch each
-//   sanitizer_patterns open     (synccheck) CTAs exit with a barrier phase
-//                               armed for bytes nobody sends: a real bug,
-//                               reported as "Missing wait"
+//   sanitizer_patterns race     every pattern below, one launch each (run
+//                               under racecheck, and under synccheck for the
+//                               cluster merge's barrier protocol)
+//   sanitizer_patterns open     (synccheck) CTAs of a launch without clusters
+//                               exit with a barrier phase armed for bytes
+//                               nobody sends
 //   sanitizer_patterns closed   the same phase closed by complete_tx before
-//                               exit: clean (attn2's leaving clusters)
+//                               exit
 //
-// Patterns (the kernel names in the tool's reports):
-//   route_publish         route's metadata barrier: CTA 0's thread 0 inits it,
+// Patterns (the kernel names in the program's output; racecheck's reports
+// name the two access sites, file:line, which is what scripts/sanitize.sh
+// matches):
+//   route_publish         route's metadata barrier without the warp barrier
+//       its kernel has between init and arrival: CTA 0's thread 0 inits it,
 //       fences and arrives expecting every CTA's bytes, in a block small
 //       enough that nvcc if-converts it; the init then runs once for warp 0
-//       on the uniform datapath (VOTEU.ALL, then @!UP0 SYNCS.EXCH.64, as in
-//       route's kernel), with all 32 lanes active, before lane 0's arrival.
-//       Every CTA ORs words into CTA 0 by red.async after the cluster
-//       barrier, and CTA 0 reads them after its wait.
+//       on the uniform datapath (VOTEU.ALL, then @!UP0 SYNCS.EXCH.64), with
+//       all 32 lanes active, before lane 0's arrival. Every CTA ORs words
+//       into CTA 0 by red.async after the cluster barrier, and CTA 0 reads
+//       them after its wait.
 //   exchange<C, flags>    attn2's key-half exchange in attn2's geometry (256
-//       threads, 2 CTAs per SM, clusters of C): warpgroup 1 stores 9 float4
-//       per thread over warpgroup 0's first stages, __syncthreads, warpgroup
-//       0 loads them. flags: kPreexit, griddepcontrol.launch_dependents
-//       between the barrier and the loads (attn2's trigger); kTrailingBar, a
-//       __syncthreads after the loads (attn2's kernels of 8 have one, those of
-//       16 do not); kRing, before it attn2's key loop: per warpgroup a ring of
-//       3 stages filled by TMA tensor boxes (full / empty mbarriers, spin
-//       waits, the last tile's rows zeroed behind a named barrier); kPush,
-//       around it the cluster merge: relaxed cluster arrival before the
-//       stores, cluster wait after the loads, then every CTA pushes 9216 / C
-//       bytes to each rank by st.async completing on that rank's receive
-//       barrier (armed at the start), and warpgroup 0 waits on its own and
-//       reads the 9216.
+//       threads, 2 CTAs per SM, clusters of C), through attn2's own
+//       stash_second_half and merge_second_half (src/attn2/merge.cuh, so that
+//       a report names the same lines as the op's): warpgroup 1 stores its
+//       state (9 float4 per thread) over warpgroup 0's first stages,
+//       __syncthreads, warpgroup 0 loads it. flags: kPreexit,
+//       griddepcontrol.launch_dependents between the barrier and the loads
+//       (attn2's trigger); kTrailingBar, a __syncthreads after the loads;
+//       kRing, before it attn2's key loop: per warpgroup a ring of 3 stages
+//       filled by TMA tensor boxes (full / empty mbarriers, spin waits), the
+//       last tile's V rows zeroed behind the warpgroup's named barrier by
+//       both warpgroups, or with kHalfTail by warpgroup 0 only (attn2: the
+//       tile past L belongs to one warpgroup, so one named barrier of the
+//       CTA's two is used); kPush, around it the cluster merge: relaxed
+//       cluster arrival before the stores, cluster wait after the loads, then
+//       every CTA pushes 9216 / C bytes to each rank by st.async completing
+//       on that rank's receive barrier, which thread 0 armed once the CTA
+//       stays, and warpgroup 0 waits on its own and reads the 9216; kLeave,
+//       the odd clusters leave after the init barrier with their receive
+//       barrier initialised only (attn2's slices past the active ones).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -42,10 +53,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include "../../src/attn2/merge.cuh"
 #include "launch.cuh"
 #include "ptx.cuh"
 
 namespace ptx = muse_decode::ptx;
+namespace a2 = muse_decode::attn2_impl;
 using muse_decode::detail::launch_kernel;
 using muse_decode::detail::LaunchShape;
 
@@ -80,11 +93,10 @@ __global__ void __launch_bounds__(kThreads, 1) route_publish(uint32_t* out) {
 }
 
 // ---- attn2's exchange ------------------------------------------------------------------
-enum Flags : int { kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8 };
+enum Flags : int { kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32 };
 constexpr int kStages = 3, kStageBytes = 16384, kHalfBytes = kStageBytes / 2, kTiles = 4;
-constexpr int kExchangeOffset = 64 * 72 * 2;                        // attn2: after the fp16 merge area
-constexpr int kRecvOffset = (kStages - 1) * kStageBytes + 4096;      // attn2: in warpgroup 0's last stage
-constexpr int kRecvBytes = 64 * (64 * 2 + 16);                      // 9216 from the cluster
+constexpr int kRecvOffset = a2::kRecvOffset;                         // attn2: in warpgroup 0's last stage
+constexpr int kRecvBytes = a2::kRecvBytes;                           // 9216 from the cluster
 constexpr int kDynSmem = 2 * kStages * kStageBytes + 8192 + 1024;   // attn2's plan: 2 CTAs per SM
 constexpr int kBoxRows = 64;                                        // a box: 64 rows x 128 bytes = 8 KB
 
@@ -104,9 +116,10 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
     }
     ptx::mbar_init(&recv, 1);
     ptx::fence_mbarrier_init();
-    if (kFlags & kPush) ptx::mbar_arrive_expect_tx(&recv, kRecvBytes);
   }
   __syncthreads();
+  if ((kFlags & kLeave) && blockIdx.x / kCluster % 2 == 1) return;  // the whole cluster leaves
+  if ((kFlags & kPush) && threadIdx.x == 0) ptx::mbar_arrive_expect_tx(&recv, kRecvBytes);
   float acc = 0.0f;
   if (kFlags & kRing) {
     const auto issue = [&](int j) {  // (warp 0 of the warpgroup) tile j: two boxes into its stage
@@ -125,7 +138,7 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
       const int st = kh * kStages + it % kStages;
       ptx::mbar_wait_spin(&full[st], (it / kStages) & 1);
       const uint32_t stage = base + st * kStageBytes;
-      if (it == kTiles - 1) {  // attn2's tile past L: rows of V zeroed for the async proxy
+      if (it == kTiles - 1 && (!(kFlags & kHalfTail) || kh == 0)) {  // attn2's tile past L: V rows zeroed
         ptx::st_shared_v4(stage + kHalfBytes + (threadIdx.x % kHalf) * 16, 0, 0, 0, 0);
         ptx::fence_proxy_async_smem();
         if (kh == 0)
@@ -146,20 +159,27 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
   }
   __syncthreads();  // attn2: the first half may still read the last stage
   if (kFlags & kPush) ptx::cluster_arrive_relaxed();
-  float4* xchg = reinterpret_cast<float4*>(smem + kExchangeOffset);
-  if (kh == 1) {
-    const int t = threadIdx.x - kHalf;
+  float4* xchg = reinterpret_cast<float4*>(smem + a2::kExchangeOffset);
+  a2::SoftmaxState st;
 #pragma unroll
-    for (int n = 0; n < 9; ++n) xchg[n * kHalf + t] = make_float4(acc + n, acc - n, acc * n, acc + t);
+  for (int n = 0; n < 8; ++n) {
+    st.o[n][0] = acc + n;
+    st.o[n][1] = acc - n;
+    st.o[n][2] = acc * n;
+    st.o[n][3] = acc + threadIdx.x;
   }
+  st.m[0] = acc;
+  st.m[1] = acc - 1.0f;
+  st.l[0] = 1.0f;
+  st.l[1] = 2.0f;
+  if (kh == 1) a2::stash_second_half(st, xchg);
   __syncthreads();  // attn2: the second half's state written
   if (kFlags & kPreexit) ptx::griddep_launch_dependents();
   if (kh == 0) {
+    a2::merge_second_half(st, xchg);
 #pragma unroll
-    for (int n = 0; n < 9; ++n) {
-      const float4 v = xchg[n * kHalf + threadIdx.x];
-      acc += v.x + v.y + v.z + v.w;
-    }
+    for (int n = 0; n < 8; ++n) acc += st.o[n][0] + st.o[n][1] + st.o[n][2] + st.o[n][3];
+    acc += st.m[0] + st.m[1] + st.l[0] + st.l[1];
   }
   if (kFlags & kTrailingBar) __syncthreads();
   if (kFlags & kPush) {
@@ -184,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
 
 // ---- synccheck calibration -------------------------------------------------------------
 // A barrier armed for bytes that never come: kClose completes them itself
-// (attn2's leaving clusters); otherwise the CTA exits with the phase open.
+// (mbarrier.complete_tx); otherwise the CTA exits with the phase open.
 template <bool kClose>
 __global__ void __launch_bounds__(kThreads) armed_exit(int* out) {
   __shared__ uint64_t bar;
@@ -257,6 +277,10 @@ int race() {
   good &= run_exchange<16, kRing | kPreexit | kPush | kTrailingBar>(map, out,
                                                                   "exchange<16, kRing | kPreexit | kPush | kTrailingBar>");
   good &= run_exchange<8, kRing | kPreexit | kPush>(map, out, "exchange<8, kRing | kPreexit | kPush>");
+  good &= run_exchange<16, kRing | kPreexit | kHalfTail>(map, out, "exchange<16, kRing | kPreexit | kHalfTail>");
+  good &= run_exchange<16, kRing | kPreexit | kPush | kHalfTail>(map, out,
+                                                               "exchange<16, kRing | kPreexit | kPush | kHalfTail>");
+  good &= run_exchange<16, kRing | kPreexit | kPush | kLeave>(map, out, "exchange<16, kRing | kPreexit | kPush | kLeave>");
   cudaFree(out);
   cudaFree(src);
   std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");

@@ -74,7 +74,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     s_bad = 0;
     ptx::mbar_init(&recv_bar, 1);
     ptx::fence_mbarrier_init();
-    ptx::mbar_arrive_expect_tx(&recv_bar, kRecvBytes);  // phase 0 ends when every rank's rows landed
+    // Phase 0 ends when every rank's rows landed. The split kernel arms it
+    // once start() says this CTA receives (below).
+    if (kOneSlice) ptx::mbar_arrive_expect_tx(&recv_bar, kRecvBytes);
   }
   __syncthreads();
   trace.mark(Phase::kInitSynced);
@@ -87,14 +89,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const Deployment dep{p.num_splits, p.num_kv_heads, p.num_reqs, p.idle_last, gridDim.z == 1};
   if (!loop.start(in, rows, dep, static_cast<int>(blockIdx.x) / kCluster, blockIdx.y, rank, req, trace)) {
     // The whole cluster leaves (a split launch's slice past the active ones):
-    // it shares nothing with the others, and no rank pushes into this CTA.
-    // Its receive barrier's phase 0, armed above for kRecvBytes, is closed
-    // here, so that no phase is left pending at exit (compute-sanitizer's
-    // synccheck stops the kernel on one).
-    if (!kOneSlice && threadIdx.x == 0) ptx::mbar_complete_tx(&recv_bar, kRecvBytes);
+    // it shares nothing with the others, no rank pushes into this CTA, and
+    // its receive barrier holds its init only (no arrival, nothing pending).
     trace.mark(Phase::kExit);
     return;
   }
+  // (Split kernel) this CTA receives: thread 0 arms the receive barrier. The
+  // phase cannot complete before this arrival, so pushes that land first
+  // (early_push: the other ranks may push once their short loops are done)
+  // only take the transaction count below zero until it.
+  if (!kOneSlice && threadIdx.x == 0) ptx::mbar_arrive_expect_tx(&recv_bar, kRecvBytes);
   loop.stage_q(in.q);
   if (rows.merger) s_gate[threadIdx.x] = in.gate;
   loop.publish_q();

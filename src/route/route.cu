@@ -84,10 +84,19 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
       static_assert(kRouteMaxTokens == 8, "two slot words per expert");
       s_slot[e][0] = 0u;
       s_slot[e][1] = 0u;
-      if (e == 0 && gridDim.x > 1) {
-        ptx::mbar_init(&s_published, 1);
-        ptx::fence_mbarrier_init();
-        ptx::mbar_arrive_expect_tx(&s_published, gridDim.x * kPublishBytes);
+      // Lane 0 of warp 0 inits the barrier, fences the init and arrives
+      // expecting every CTA's bytes. ptxas issues the init on the uniform
+      // datapath, once for the whole warp, which racecheck counts as a write
+      // by each of its 32 lanes: the warp barrier orders those before lane
+      // 0's arrival (without it racecheck warns). It is one WARPSYNC in warp
+      // 0 of CTA 0, before griddepcontrol.wait.
+      if (warp == 0 && gridDim.x > 1) {
+        if (lane == 0) ptx::mbar_init(&s_published, 1);
+        __syncwarp();
+        if (lane == 0) {
+          ptx::fence_mbarrier_init();
+          ptx::mbar_arrive_expect_tx(&s_published, gridDim.x * kPublishBytes);
+        }
       }
     }
     // "Started", and CTA 0's zeroed tables and initialised barrier visible to

@@ -554,10 +554,12 @@ TEST_F(Attn2Gpu, BadInputLaunchesNothing) {
 // The small calls compute-sanitizer runs (scripts/sanitize.sh), one launch of
 // each kernel form the deployments take: the one-slice kernels without and
 // with a window (the window's odd tile and its piece pass at 130 pages), and
-// the split kernel in clusters of 16 (2 KV heads, PDL on: a long request whose
-// warpgroups refill their ring, the cluster arrival and the trigger after the
-// key loop, and a short one whose slices past the first leave) and of 8 (4 KV
-// heads: every loop short, the arrival before it).
+// the split kernel, one launch per test so that a report names its launch:
+// clusters of 16 (2 KV heads) with PDL, a long request whose warpgroups
+// refill their ring, the cluster arrival and the trigger after the key loop,
+// and a short one whose slices past the first leave; the same kernel with
+// every slice of both requests in use (no cluster leaves); clusters of 8 (4
+// KV heads: every loop short, the arrival before it).
 TEST_F(Attn2Gpu, SanitizerOneSlice) {
   struct Case {
     std::vector<int> lens;
@@ -572,12 +574,23 @@ TEST_F(Attn2Gpu, SanitizerOneSlice) {
   }
 }
 
-TEST_F(Attn2Gpu, SanitizerSplit) {
+TEST_F(Attn2Gpu, SanitizerSplit16) {
   Problem p(2, {60000, 20}, 65536, std::nullopt, 811);
   ASSERT_GT(p.splits, 1);
   p.check(p.run(/*pdl=*/true));
   EXPECT_EQ(p.workspace_left_dirty(), 0);
+}
+
+TEST_F(Attn2Gpu, SanitizerSplit16AllActive) {
+  Problem p(2, {60000, 50000}, 65536, std::nullopt, 813);
+  ASSERT_GT(p.splits, 1);
+  p.check(p.run());
+  EXPECT_EQ(p.workspace_left_dirty(), 0);
+}
+
+TEST_F(Attn2Gpu, SanitizerSplit8) {
   Problem q(4, {3000}, 8192, std::nullopt, 812);
   ASSERT_GT(q.splits, 1);
   q.check(q.run());
+  EXPECT_EQ(q.workspace_left_dirty(), 0);
 }

@@ -234,11 +234,15 @@ TEST(RouteGpu, UnboundOpAndUncheckedLaunchMatchTheBoundForm) {
 
 // The small calls compute-sanitizer runs (scripts/sanitize.sh): with metadata
 // for one token (no cluster: shared atomics), two and eight (red.async into
-// the first CTA, counted on its barrier), and eight without metadata.
+// the first CTA, counted on its barrier), and eight without metadata. ids
+// and weights are set before the calls: a call writes the rows of its b
+// tokens only, and the download copies all 8 (initcheck).
 TEST(RouteGpu, SanitizerShapes) {
   SKIP_WITHOUT_GPU();
   Fixture f;
   const auto routing = f.routing();
+  f.ids.fill_bytes(0xff);
+  f.weights.fill_bytes(0xff);
   for (int b : {1, 2, 8}) {
     SCOPED_TRACE(::testing::Message() << "b=" << b);
     const auto x = f.random_logits(b);
