@@ -19,7 +19,17 @@
 #include "../common/hardware.h"
 #include "muse_decode/o_proj.h"
 
+// The consumers of a wgmma configuration: wgmma on sm_90a (the H200),
+// mma.sync everywhere else (sm_100a has no wgmma).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MUSE_O_PROJ_WGMMA 1
+#else
+#define MUSE_O_PROJ_WGMMA 0
+#endif
+
 namespace muse_decode::oproj {
+
+inline constexpr bool kArchWgmma = MUSE_O_PROJ_WGMMA;
 
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
@@ -58,14 +68,21 @@ static_assert(n_tiles_for(kOProjMaxTokens) * 8 == kOProjMaxTokens, "64 tokens: 8
 // blocks the consumer warps load into registers before x exists, so that
 // their stages take later blocks before griddepcontrol.wait too (the
 // weight that leaves before the wait is kWStages_ + kHeldBlocks_ blocks).
+// kWgmma_: where the architecture has wgmma, the 4 consumer warps multiply
+// as one warpgroup (wgmma m64nNk16, both operands read from the stages,
+// N = NT * 8 token rows); warp w then holds the sums of m-tile w, so the
+// compiled configuration has one m-tile per warp and no k-groups. Elsewhere
+// kMTilesPerWarp_ holds.
 // The x ring takes what the budget leaves, up to kMaxXStages.
-template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_, int kHeldBlocks_ = 0>
+template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_, int kHeldBlocks_ = 0,
+          bool kWgmma_ = false>
 struct Config {
   static constexpr int kRowTiles = kRowTiles_;
   static constexpr int NT = NT_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kWStages = kWStages_;
-  static constexpr int kMTilesPerWarp = kMTilesPerWarp_;
+  static constexpr bool kWgmma = kWgmma_ && kArchWgmma;  // in this compilation
+  static constexpr int kMTilesPerWarp = kWgmma ? 1 : kMTilesPerWarp_;
   static constexpr int kHeldBlocks = kHeldBlocks_;
 
   static constexpr int kRows = 16 * kRowTiles;                     // output columns per CTA
@@ -109,6 +126,8 @@ struct Config {
   static_assert(kOProjOutWidth % kRows == 0, "the grid covers the 8192 output columns exactly");
   static_assert(kWStages >= 2 && kWStages <= kMaxBlocks, "a weight ring of 2 .. 128 blocks");
   static_assert(kHeldBlocks >= 0 && kHeldBlocks <= kWStages, "the blocks held in registers are the first ring's");
+  static_assert(!kWgmma_ || (kRowTiles == 4 && kHeldBlocks == 0 && (NT == 1 || NT == 4 || NT == 8)),
+                "a wgmma configuration: one 64-row warpgroup tile, no held blocks, N = 8, 32 or 64 tokens");
   static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");

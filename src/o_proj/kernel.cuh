@@ -60,7 +60,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     return;
   }
   WarpSums<Cfg> acc;
-  mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc, trace);
+  if constexpr (Cfg::kWgmma)
+    wgmma_blocks<Cfg>(rings, blocks, lane, acc, trace);
+  else
+    mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc, trace);
   store_tile<Cfg>(acc, smem, row0, p, warp, lane);
   trace.mark(Phase::kExit);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "../common/ptx.cuh"
+#include "../common/sm90_wgmma.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
 
@@ -171,6 +172,49 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
     chains.mma(a, x);
   }
   chains.sum(acc);
+  trace.mark(Phase::kLoopDone);
+}
+
+// The wgmma form of the loop (a kWgmma configuration on sm_90a): per block,
+// the warpgroup issues 4 wgmma m64nNk16 over the block's 4 k-steps, A the
+// weight box (64 rows, K-major) and B the x box (N token rows, K-major),
+// both read from the stages in their 128-byte swizzle, accumulating in
+// registers; a block's stages go back once the group after it has been
+// issued and its own has completed (one group in flight). acc[0]: warp w's
+// sums of rows 16 w .. 16 w + 15, the mma.sync m16n8 layout.
+template <typename Cfg, typename Trace>
+__device__ __forceinline__ void wgmma_blocks(const Rings<Cfg>& r, int blocks, int lane, WarpSums<Cfg>& acc,
+                                             Trace& trace) {
+  static_assert(Cfg::kWgmma, "a wgmma configuration");
+  float (&d)[Cfg::NT][4] = acc[0];
+#pragma unroll
+  for (int nt = 0; nt < Cfg::NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
+  const auto release = [&](int b) {
+    if (lane == 0) {
+      ptx::mbar_arrive(&r.w.empty[b % Cfg::kWStages]);
+      ptx::mbar_arrive(&r.x.empty[b % Cfg::kXStages]);
+    }
+  };
+  for (int b = 0; b < blocks; ++b) {
+    ptx::mbar_wait(&r.w.full[b % Cfg::kWStages], r.w.parity(b));
+    ptx::mbar_wait(&r.x.full[b % Cfg::kXStages], r.x.parity(b));
+    if (b == 0) trace.mark(Phase::kFirstX);
+    const uint32_t w_s = r.w.stage(b), x_s = r.x.stage(b);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks)
+      ptx::wgmma_ss(d, ptx::sw128_desc(w_s + ks * 32, 16, 1024), ptx::sw128_desc(x_s + ks * 32, 16, 1024), 1);
+    ptx::wgmma_commit();
+    if (b > 0) {
+      ptx::wgmma_wait<1>();  // block b - 1's group is done reading its stages
+      release(b - 1);
+    }
+  }
+  ptx::wgmma_wait<0>();
+  ptx::pin(d);  // the sums are read only after the last group completes
+  if (blocks > 0) release(blocks - 1);
   trace.mark(Phase::kLoopDone);
 }
 
