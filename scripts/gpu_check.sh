@@ -12,6 +12,8 @@
 #   TESTS=0 scripts/gpu_check.sh    # the benchmarks only
 #   SANITIZE=1 scripts/gpu_check.sh # only compute-sanitizer's four tools over
 #                                   # each op's small tests (scripts/sanitize.sh)
+#   TRACE=1 scripts/gpu_check.sh    # only the block's phase-by-phase timeline
+#                                   # (scripts/trace_block.sh)
 #
 # The whole log also goes to $BUILD/gpu_check.log. With two or
 # more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
@@ -33,6 +35,12 @@ step() { printf '\n=== %s ===\n' "$*"; }
 gtest_args=()
 if [ -d .deps/gtest ]; then  # Debian's GoogleTest carried to a machine without it
   gtest_args=(-DGTest_DIR="$ROOT/.deps/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest")
+fi
+
+if [ "${TRACE:-0}" = 1 ]; then
+  step "the block, phase by phase (a traced build)"
+  ARCHS="$ARCHS" scripts/trace_block.sh "$BUILD"
+  exit $?
 fi
 
 step "build ($ARCHS)"
