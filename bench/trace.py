@@ -80,7 +80,7 @@ def block(front_path, attn_path, oproj_path):
         attn = [r for r in attn_recs if starts[j] <= r[0] < starts[j + 1]]
         t0 = max(r[o_exit] for r in oprojs[j - 1])
         end = max(r[o_exit] for r in oprojs[j])
-        if not attn or starts[j] < t0 - 50e3:
+        if not attn:
             continue
         iters.append((t0, end, {"qkv_front": fronts[j], "attn2": attn, "o_proj": oprojs[j]}))
     if len(iters) < 4:

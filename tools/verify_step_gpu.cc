@@ -110,12 +110,18 @@ extern "C" int muse_decode_dump_qkv_front_trace(const char* path) __attribute__(
 extern "C" int muse_decode_dump_o_proj_trace(const char* path) __attribute__((weak));
 
 namespace {
-void dump_trace(int (*dump)(const char*), const char* what, const Deployment& d) {
+void dump_trace(int (*dump)(const char*), const std::string& what, const Deployment& d) {
   const char* dir = std::getenv("MUSE_DECODE_TRACE_DIR");
   if (!dump || !dir) return;
   const std::string path = std::string(dir) + "/trace_" + what + "_tp" + std::to_string(d.tp) + "_" +
                            std::to_string(d.context) + "_" + (d.sliding ? "sliding" : "full") + ".bin";
   if (dump(path.c_str()) != 0) std::fprintf(stderr, "could not write %s\n", path.c_str());
+}
+// The three rings of the block's kernels as trace_<run>_<op>_....
+void dump_block_traces(const std::string& run, const Deployment& d) {
+  dump_trace(muse_decode_dump_qkv_front_trace, run + "_qkv_front", d);
+  dump_trace(muse_decode_dump_attn2_trace, run + "_attn2", d);
+  dump_trace(muse_decode_dump_o_proj_trace, run + "_o_proj", d);
 }
 }  // namespace
 
@@ -475,18 +481,14 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       attn_call(i);
       o_proj_call(i);
     });
-    dump_trace(muse_decode_dump_qkv_front_trace, "block_qkv_front", d);
-    dump_trace(muse_decode_dump_attn2_trace, "block_attn2", d);
-    dump_trace(muse_decode_dump_o_proj_trace, "block_o_proj", d);
+    dump_block_traces("block", d);
     // The block with the front asking the L2 for o_proj's weight (QkvFrontArgs::l2_prefetch).
     const double prefetched = time_it(op_calls, [&](int i) {
       front_call(i, true, true);
       attn_call(i);
       o_proj_call(i);
     });
-    dump_trace(muse_decode_dump_qkv_front_trace, "block_prefetch_qkv_front", d);
-    dump_trace(muse_decode_dump_attn2_trace, "block_prefetch_attn2", d);
-    dump_trace(muse_decode_dump_o_proj_trace, "block_prefetch_o_proj", d);
+    dump_block_traces("block_prefetch", d);
     char buf[300];
     std::snprintf(buf, sizeof buf,
                   "qkv_front, attn2 and o_proj chained in one graph (checked op by op above); chained pairs: "

@@ -29,10 +29,10 @@ template <typename Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     o_proj_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                   const OProjParams p) {
-  // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
-  // period), checked at entry.
   trace::Recorder<Phase> trace(o_proj_trace());
   trace.tag(gridDim.x);
+  // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
+  // period), checked at entry.
   extern __shared__ __align__(1024) uint8_t smem[];
   const Rings<Cfg> rings = Rings<Cfg>::carve(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

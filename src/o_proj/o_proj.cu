@@ -5,8 +5,8 @@
 // the math is 1.1 GFLOP at T = 64, so everything is arranged around the
 // stream of weight bytes: one producer thread per CTA keeps the CTA's weight
 // rows in flight and another brings x after griddepcontrol.wait
-// (pipeline.cuh), 4 consumer warps multiply them (mainloop.cuh), and the k-groups' sums
-// are added in a fixed order and stored (epilogue.cuh). The shapes and the
+// (pipeline.cuh), 4 consumer warps multiply them (mainloop.cuh), and the
+// k-groups' sums are added in a fixed order and stored (epilogue.cuh). The shapes and the
 // shared-memory plan: config.cuh; the kernel and its launch: kernel.cuh.
 #include <cuda_runtime.h>
 

@@ -56,39 +56,42 @@ struct Rings {
   }
 };
 
+// Block b of `blocks` (columns 64 b .. of `map`, `row` its first row) into
+// stage b % S of `ring`, in order, each block once the consumers have freed
+// the stage it goes into (block b - S's).
+template <int S, int kBytes>
+__device__ __forceinline__ void stream_blocks(const Ring<S, kBytes>& ring, const CUtensorMap* map, int row,
+                                              int blocks) {
+  for (int b = 0; b < blocks; ++b) {
+    if (b >= S) ptx::mbar_wait(&ring.empty[b % S], ring.parity(b - S));
+    uint64_t* full = &ring.full[b % S];
+    ptx::mbar_arrive_expect_tx(full, kBytes);
+    ptx::tma_load_2d(ring.stage(b), map, ptx::smem_addr(full), b * kBlockK, row);
+  }
+}
+
 // The two producers, each one thread, so that neither ring's copies wait
 // behind the other's barriers.
 //
 // The weight's (lane 0 of kProducerWarp), for the CTA's `blocks` blocks of
-// its kRows weight rows from `row0`: the blocks that have a stage, then, as
-// the consumers take the first kHeldBlocks into registers, the blocks that
-// go into the stages they free, all without waiting for the previous kernel;
-// then each later block once the consumers have freed its stage.
+// its kRows weight rows from `row0`, without waiting for the previous
+// kernel: the blocks that have a stage at once, then, as the consumers take
+// the first kHeldBlocks into registers, the blocks that go into the stages
+// they free, then each later block as its stage is freed.
 template <typename Cfg>
 __device__ __forceinline__ void produce_w(const Rings<Cfg>& r, const CUtensorMap* w_map, int row0, int blocks) {
   ptx::prefetch_tensor_map(w_map);
-  for (int b = 0; b < blocks; ++b) {
-    // Block b goes into the stage block b - kWStages frees.
-    if (b >= Cfg::kWStages) ptx::mbar_wait(&r.w.empty[b % Cfg::kWStages], r.w.parity(b - Cfg::kWStages));
-    uint64_t* full = &r.w.full[b % Cfg::kWStages];
-    ptx::mbar_arrive_expect_tx(full, Cfg::kWBytes);
-    ptx::tma_load_2d(r.w.stage(b), w_map, ptx::smem_addr(full), b * kBlockK, row0);
-  }
+  stream_blocks(r.w, w_map, row0, blocks);
 }
 
 // x's (lane 0 of kXProducerWarp): griddepcontrol.wait (x is the previous
-// kernel's output), then the blocks that have a stage, then each later block
-// once the consumers have freed its stage.
+// kernel's output), then x's blocks (all NT * 8 token rows from row 0) the
+// same way.
 template <typename Cfg>
 __device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap* x_map, int blocks) {
   ptx::prefetch_tensor_map(x_map);
   ptx::griddep_wait();
-  for (int b = 0; b < blocks; ++b) {
-    if (b >= Cfg::kXStages) ptx::mbar_wait(&r.x.empty[b % Cfg::kXStages], r.x.parity(b - Cfg::kXStages));
-    uint64_t* full = &r.x.full[b % Cfg::kXStages];
-    ptx::mbar_arrive_expect_tx(full, Cfg::kXBytes);
-    ptx::tma_load_2d(r.x.stage(b), x_map, ptx::smem_addr(full), b * kBlockK, 0);
-  }
+  stream_blocks(r.x, x_map, 0, blocks);
 }
 
 }  // namespace muse_decode::oproj

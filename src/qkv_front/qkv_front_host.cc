@@ -133,7 +133,6 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
   }
   for (const auto& [t, name] : inputs) require_disjoint(a.kv_cache, "kv_cache", *t, name);
 
-
   // The workspace last: its size depends on the device the call runs on.
   const TensorRef& ws = a.workspace;
   const bool with_ws = complete || ws.present();
