@@ -237,15 +237,6 @@ struct MainloopSm90 {
     trace.mark_after(Phase::kFirstIds, ids0);
     const int early = s.r_two > 0 || s.has_piece ? 2 : kEarlyTiles;
     while (issued < min(ring, early) && s.first_page_of(issued) + kTilePages - 1 < k.first_new_page) issue(issued++);
-    // The pages of the next kBatchTiles tiles (ids_next: lane -> tile
-    // 1 + lane / 4, page lane % 4) into the L2, K and V: a hint, so that the
-    // ring's copies after the wait find them there. It runs while the kernel
-    // before still streams (in a layer, the front's tail), whichever keys the
-    // pages hold: the L2 is where the front's writes of the step's keys land.
-    if (ids_next >= 0 && ids_next < p.num_pages) {
-      ptx::prefetch_tensor_5d(map, 0, 0, 0, s.kv_head, ids_next);  // K
-      ptx::prefetch_tensor_5d(map, 0, 1, 0, s.kv_head, ids_next);  // V
-    }
     if (issued == 0 && ring > 0 && early > 0 && s.first_page_of(0) < k.first_new_page) {
       const int pi = s.first_page_of(0) + lane;
       const bool want = lane < kTilePages && pi <= k.last_page;
