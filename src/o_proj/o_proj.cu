@@ -38,11 +38,13 @@ namespace {
 // (the next launch's CTAs find no room until this one's leave).
 using ShortNt1 = Config<4, 1, 2, 8, 2, 8>;
 using ShortNt2 = Config<4, 2, 2, 8, 2, 8>;
-// From T = 17 the consumers' work shows (each warp's MMAs grow with T, and
+// At T = 33..64 the consumers' work shows (each warp's MMAs grow with T, and
 // mma.sync reads x's fragments through ldmatrix for every m-tile pair): on
-// sm_90a these take wgmma, one m64nNk16 per k-step from the stages
-// (mainloop.cuh).
-using ShortNt4 = Config<4, 4, 2, 6, 2, 0, true>;
+// sm_90a these take wgmma, one m64n64k16 per k-step from the stages
+// (mainloop.cuh). H200, PDL, one run, us at T = 32 / 64: TP8 mma.sync 6.11 /
+// 7.48, wgmma 6.48 / 6.92; TP1 32.93 / 36.51 against 33.62 / 35.69. At
+// T = 17..32 mma.sync, measured faster there, stays.
+using ShortNt4 = Config<4, 4, 2, 6, 2>;
 using ShortNt8 = Config<4, 8, 2, 6, 2, 0, true>;
 // Long K (2048 to 8192, TP4 to TP1: 32-128 blocks): one CTA per SM with 16
 // blocks in the ring. The stream dominates, and a co-resident next launch
@@ -52,7 +54,7 @@ using ShortNt8 = Config<4, 8, 2, 6, 2, 0, true>;
 // 9.8 / 10.2 / 10.8 / 13.2. One m-tile per warp: TP1 T = 64 39.1.
 using LongNt1 = Config<4, 1, 1, 16, 2>;
 using LongNt2 = Config<4, 2, 1, 16, 2>;
-using LongNt4 = Config<4, 4, 1, 16, 2, 0, true>;
+using LongNt4 = Config<4, 4, 1, 16, 2>;
 using LongNt8 = Config<4, 8, 1, 16, 2, 0, true>;
 constexpr int kLongK = 2048;
 
