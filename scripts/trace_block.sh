@@ -26,11 +26,8 @@ for shape in "sliding 32768" "full 32768" "full 131072"; do
   MUSE_DECODE_TRACE_DIR=$rings "$BUILD/muse-decode" --quiet --tp 8 --requests 1 --layer "$1" --context "$2" \
     | grep -E '^ *block ' || status=1
   sfx="tp8_$2_$1"
-  for run in block block_prefetch; do
-    [ "$run" = block_prefetch ] && echo "--- with o_proj's weight prefetched into the L2 by the front (l2_prefetch)"
-    $PY bench/trace.py block "$rings/trace_${run}_qkv_front_$sfx.bin" "$rings/trace_${run}_attn2_$sfx.bin" \
-      "$rings/trace_${run}_o_proj_$sfx.bin" || status=1
-  done
+  $PY bench/trace.py block "$rings/trace_block_qkv_front_$sfx.bin" "$rings/trace_block_attn2_$sfx.bin" \
+    "$rings/trace_block_o_proj_$sfx.bin" || status=1
 done
 [ -n "${OUT:-}" ] && tar -czf "$OUT/trace_rings.tar.gz" -C "$rings" . 2>/dev/null
 exit $status

@@ -103,8 +103,7 @@ void capture(Graph& g, cudaStream_t s, int calls, F&& call) {
 // phase stamps (src/common/trace.cuh). With MUSE_DECODE_TRACE_DIR set, the
 // tool writes attn2's ring after timing attn2 alone
 // (trace_attn2_<tp>_<context>_<layer>.bin) and all three rings after timing
-// the block (trace_block_<op>_<tp>_<context>_<layer>.bin) and the block with
-// the front's L2 prefetch (trace_block_prefetch_<op>_...), for bench/trace.py.
+// the block (trace_block_<op>_<tp>_<context>_<layer>.bin), for bench/trace.py.
 extern "C" int muse_decode_dump_attn2_trace(const char* path) __attribute__((weak));
 extern "C" int muse_decode_dump_qkv_front_trace(const char* path) __attribute__((weak));
 extern "C" int muse_decode_dump_o_proj_trace(const char* path) __attribute__((weak));
@@ -198,9 +197,7 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   cuda_ok(cudaDeviceSynchronize(), "memset");  // the legacy stream's memsets before the tool's stream
   const size_t layer_cache = cache.n / layers;
 
-  // qkv_front over all T tokens, 16 at a time; l2_prefetch: the layer's o_proj
-  // weight as the front's L2 prefetch hint (the block's calls).
-  auto front_call = [&](int l, bool pdl = true, bool l2_prefetch = false) {
+  auto front_call = [&](int l, bool pdl = true) {  // qkv_front over all T tokens, 16 at a time
     for (int t0 = 0; t0 < T; t0 += kFrontMaxTokens) {
       const int tn = std::min(kFrontMaxTokens, T - t0);
       QkvFrontArgs a;
@@ -215,9 +212,6 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       a.out = make_tensor(out.ptr + size_t(t0) * n, DType::kBFloat16, {tn, n});
       a.workspace = make_tensor(front_ws.ptr, DType::kUInt8, {int64_t(front_ws_bytes)});
       a.pdl = pdl;
-      if (l2_prefetch && t0 + tn == T)  // the last call of the layer's front
-        a.l2_prefetch = make_tensor(wo.ptr + size_t(l % wo_copies) * kHiddenSize * k_in, DType::kBFloat16,
-                                    {kHiddenSize, k_in});
       qkv_front(a, reinterpret_cast<Stream>(stream));
     }
   };
@@ -482,19 +476,11 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
       o_proj_call(i);
     });
     dump_block_traces("block", d);
-    // The block with the front asking the L2 for o_proj's weight (QkvFrontArgs::l2_prefetch).
-    const double prefetched = time_it(op_calls, [&](int i) {
-      front_call(i, true, true);
-      attn_call(i);
-      o_proj_call(i);
-    });
-    dump_block_traces("block_prefetch", d);
-    char buf[300];
+    char buf[240];
     std::snprintf(buf, sizeof buf,
                   "qkv_front, attn2 and o_proj chained in one graph (checked op by op above); chained pairs: "
-                  "qkv_front + attn2 %.2f us, attn2 + o_proj %.2f us; the block without PDL %.2f us; "
-                  "with o_proj's weight prefetched into the L2 by the front %.2f us",
-                  front_attn, attn_oproj, plain, prefetched);
+                  "qkv_front + attn2 %.2f us, attn2 + o_proj %.2f us; the block without PDL %.2f us",
+                  front_attn, attn_oproj, plain);
     b.detail = buf;
     b.unfused_us = time_it(std::min(op_calls, 8), [&](int i) {
       unfused_front_call(i);

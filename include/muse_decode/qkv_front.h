@@ -114,10 +114,6 @@ struct QkvFrontArgs {
                            // bytes, 16-byte aligned, zeroed when allocated
   bool pdl = true;         // launch with programmatic dependent launch: the kernel streams its weight
                            // before griddepcontrol.wait and reads x, positions and slot_mapping after
-  TensorRef l2_prefetch;   // optional, any dtype: a contiguous buffer a later kernel of the step reads (the
-                           // layer's o_proj weight), 16-byte aligned, a multiple of 16 bytes. Once a CTA has
-                           // issued its own weight copies it asks the L2 to load and keep (evict-last) its share
-                           // of it, so that those bytes stream in the front's tail. A hint: no result depends on it
 };
 
 // Launch parameters (device layer; check_qkv_front fills them).
@@ -138,8 +134,6 @@ struct QkvFrontParams {
   int num_kv_heads = 0;               // 1, 2, 4, 8 or 16
   int num_ctas = 0;                   // qkv_front_ctas(num_kv_heads, sm_count)
   bool pdl = false;                   // launch with programmatic dependent launch
-  const void* l2_prefetch = nullptr;  // bytes to prefetch into the L2 after the weight; null: none
-  int64_t l2_prefetch_bytes = 0;      // a multiple of 16
 };
 
 // Why the front does not take this call (the argument, the expected and the

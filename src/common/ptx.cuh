@@ -121,22 +121,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   return policy;
 }
 
-// An L2 policy that keeps what it covers over normal and evict-first lines:
-// for data a later kernel of the step reads (a prefetched weight).
-__device__ __forceinline__ uint64_t evict_last_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// Asks the L2 to load `bytes` (a multiple of 16) from global address `src`
-// (16-byte aligned) under `policy`; nothing waits for it and nothing is
-// written (a hint).
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes, uint64_t policy) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(src), "r"(bytes), "l"(policy)
-               : "memory");
-}
-
 // cp.async.bulk of `bytes` (a multiple of 16, both addresses 16-byte aligned)
 // with an L2 cache policy.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,

@@ -101,22 +101,4 @@ __device__ __forceinline__ void produce(const Ring<S, kStageBytes>& ring, const 
   }
 }
 
-// The L2 prefetch hint (QkvFrontArgs::l2_prefetch), by the producer once
-// its last weight copy is issued: CTA `cta` of `ctas` asks the L2 for its
-// share of the bytes, in 32 KB requests under an evict-last policy. The
-// requests queue behind the CTA's copies still in flight, so the bytes
-// arrive as its own stream ends.
-__device__ __forceinline__ void prefetch_l2_share(const QkvFrontParams& p, int cta, int ctas) {
-  if (p.l2_prefetch_bytes == 0) return;
-  constexpr int64_t kRequest = 32 << 10;
-  const int64_t units = p.l2_prefetch_bytes / 16;  // 16-byte units
-  const int64_t per_cta = (units + ctas - 1) / ctas;
-  const int64_t begin = cta * per_cta * 16;
-  const int64_t end = min(units, (cta + 1) * per_cta) * 16;
-  const uint64_t policy = ptx::evict_last_policy();
-  const char* base = static_cast<const char*>(p.l2_prefetch);
-  for (int64_t b = begin; b < end; b += kRequest)
-    ptx::prefetch_l2(base + b, static_cast<uint32_t>(min(kRequest, end - b)), policy);
-}
-
 }  // namespace muse_decode::front

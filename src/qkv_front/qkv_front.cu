@@ -87,11 +87,9 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
       const int64_t b = work.begin + i;
       return BlockCoord{static_cast<int>(b % kFrontBlocksPerTile), static_cast<int>(b / kFrontBlocksPerTile)};
     };
-    if (lane == 0) {
+    if (lane == 0)
       produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, static_cast<int>(work.end - work.begin),
                                block_at);
-      prefetch_l2_share(p, blockIdx.x, gridDim.x);
-    }
     return;
   }
 
@@ -171,10 +169,8 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   }
   if (warp == kProducerWarp) {
     const auto block_at = [&](int i) { return BlockCoord{slice.begin + i, head}; };
-    if (lane == 0) {
+    if (lane == 0)
       produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, slice.end - slice.begin, block_at);
-      prefetch_l2_share(p, blockIdx.x, gridDim.x);
-    }
     return;
   }
 

@@ -143,16 +143,6 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
     require_disjoint(ws, "workspace", out, "out");
   }
 
-  // Last, the L2 prefetch hint: read by no thread, so it may alias anything.
-  const TensorRef& pf = a.l2_prefetch;
-  if (pf.present()) {
-    require_tensor(pf, "l2_prefetch", pf.dtype, dev);
-    require_contiguous(pf, "l2_prefetch");
-    detail::require_aligned(pf.data, "l2_prefetch", 16);
-    if (pf.span_bytes() % 16 != 0)
-      fail_expected("l2_prefetch", "a multiple of 16 bytes", cat(pf.span_bytes(), " bytes"));
-  }
-
   QkvFrontParams p;
   p.x = x.data;
   p.x_stride = T > 1 ? x.stride[0] : kHiddenSize;
@@ -174,10 +164,6 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
   p.num_tokens = static_cast<int>(T);
   p.num_kv_heads = kvh;
   p.pdl = a.pdl;
-  if (pf.present()) {
-    p.l2_prefetch = pf.data;
-    p.l2_prefetch_bytes = pf.span_bytes();
-  }
   return p;
 }
 

@@ -426,39 +426,6 @@ TEST(QkvFrontChecks, WorkspaceReasons) {
   EXPECT_EQ(c.checked(), "workspace and out must not overlap in memory");
 }
 
-TEST(QkvFrontChecks, L2PrefetchHint) {
-  Call c;
-  md::QkvFrontArgs a = c.args();
-  EXPECT_EQ(md::check_qkv_front(a).l2_prefetch, nullptr);
-  EXPECT_EQ(md::check_qkv_front(a).l2_prefetch_bytes, 0);
-  // Any dtype, and it may alias what the call reads or writes (no thread reads it).
-  a.l2_prefetch = md::make_tensor(addr(0x40000000), DType::kBFloat16, {8192, 1024});
-  md::QkvFrontParams p = md::check_qkv_front(a);
-  EXPECT_EQ(p.l2_prefetch, addr(0x40000000));
-  EXPECT_EQ(p.l2_prefetch_bytes, int64_t{8192} * 1024 * 2);
-  a.l2_prefetch = c.out;
-  EXPECT_EQ(md::check_qkv_front(a).l2_prefetch_bytes, int64_t{4} * 2304 * 2);
-
-  const auto reason = [&](const TensorRef& t) {
-    md::QkvFrontArgs b = c.args();
-    b.l2_prefetch = t;
-    const std::optional<std::string> why = md::unsupported_qkv_front_call(b);
-    EXPECT_EQ(error_of([&] { md::check_qkv_front(b); }), why.value_or("(no error)"));
-    return why.value_or("(accepted)");
-  };
-  EXPECT_EQ(reason(md::make_tensor(addr(0x40000008), DType::kUInt8, {64})),
-            "l2_prefetch must be 16-byte aligned, got address 0x40000008");
-  EXPECT_EQ(reason(md::make_tensor(addr(0x40000000), DType::kUInt8, {40})),
-            "l2_prefetch must be a multiple of 16 bytes, got 40 bytes");
-  TensorRef other = md::make_tensor(addr(0x40000000), DType::kUInt8, {64});
-  other.device = 1;
-  EXPECT_EQ(reason(other), "l2_prefetch must be on cuda:0, got cuda:1");
-  TensorRef strided = md::make_tensor(addr(0x40000000), DType::kBFloat16, {8, 64});
-  strided.stride[0] = 128;
-  EXPECT_EQ(reason(strided), "l2_prefetch must be contiguous, got strides [128, 1]");
-  EXPECT_EQ(reason(md::make_tensor(addr(0x40000000), DType::kUInt8, {64})), "(accepted)");
-}
-
 TEST(QkvFrontChecks, PdlIsTheDefault) {
   EXPECT_TRUE(md::QkvFrontArgs{}.pdl);
   Call c;
