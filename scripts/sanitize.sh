@@ -57,6 +57,7 @@ CASES=(
   "o_proj short_k OProjGpu.SanitizerShortK"
   "o_proj long_k OProjGpu.SanitizerLongK"
   "attn2 one_slice Attn2Gpu.SanitizerOneSlice"
+  "attn2 split16_small Attn2Gpu.SanitizerSplit16Small"
   "attn2 split16 Attn2Gpu.SanitizerSplit16"
   "attn2 split16_all Attn2Gpu.SanitizerSplit16AllActive"
   "attn2 split8 Attn2Gpu.SanitizerSplit8"
@@ -79,6 +80,18 @@ limit_of() {
     memcheck) echo "${TIMEOUT_MEMCHECK:-240}" ;;
     synccheck) echo "${TIMEOUT_SYNCCHECK:-240}" ;;
     initcheck) echo "${TIMEOUT_INITCHECK:-240}" ;;
+  esac
+}
+# synccheck faults kernels launched with more than 4 clusters of 16 CTAs,
+# whatever they do (the patterns waves16_4 and waves16_14 below: the same
+# correct kernel, clean on 4 clusters, "Missing wait" reports and an illegal
+# address on 14). Under synccheck attn2's cases with larger grids of such
+# clusters therefore run with MUSE_DECODE_ATTN2_MAX_CLUSTER=8 (the library's
+# clusters-of-8 path); split16_small and one_slice keep clusters of 16.
+env_of() {  # tool op name
+  case "$1 $2 $3" in
+    "synccheck attn2 split16" | "synccheck attn2 split16_all") echo "MUSE_DECODE_ATTN2_MAX_CLUSTER=8" ;;
+    *) ;;
   esac
 }
 # Extra tool arguments of a run (by its case name).
@@ -104,7 +117,8 @@ fi
 for tool in racecheck synccheck memcheck initcheck; do
   [[ " $TOOLS " == *" $tool "* ]] || continue
   [ "$tool" = racecheck ] && runs+=("racecheck patterns race")
-  [ "$tool" = synccheck ] && runs+=("synccheck patterns race" "synccheck patterns open" "synccheck patterns closed")
+  [ "$tool" = synccheck ] && runs+=("synccheck patterns race" "synccheck patterns open" "synccheck patterns closed"
+                                    "synccheck patterns waves16_4" "synccheck patterns waves16_14")
   for c in "${CASES[@]}"; do
     read -r op name filter <<<"$c"
     [ "$tool $op $name" = "racecheck qkv_front cluster" ] && continue  # (above)
@@ -124,17 +138,26 @@ launch() {  # tool op name [filter]
   has --port && port=(--port $((49152 + 16 * (slot % 32))))
   slot=$((slot + 1))
   local app
-  if [ "$op" = patterns ]; then app=("$PATTERNS" "$name"); else app=("$TESTS" --gtest_filter="$filter"); fi
+  case "$op $name" in
+    "patterns waves16_4") app=("$PATTERNS" waves 16 64 ring) ;;
+    "patterns waves16_14") app=("$PATTERNS" waves 16 224 ring) ;;
+    patterns\ *) app=("$PATTERNS" "$name") ;;
+    *) app=("$TESTS" --gtest_filter="$filter") ;;
+  esac
+  local env_set; env_set=$(env_of "$tool" "$op" "$name")
+  local envs=(env); [ -n "$env_set" ] && envs+=("$env_set")
   # shellcheck disable=SC2046
   (
     t0=$(date +%s)
-    timeout -k 15 "$limit" "$CS" --tool "$tool" $(tool_args "$tool") $(case_args "$name") "${port[@]}" --print-limit 1000 \
+    timeout -k 15 "$limit" "${envs[@]}" "$CS" --tool "$tool" $(tool_args "$tool") $(case_args "$name") "${port[@]}" --print-limit 1000 \
       --error-exitcode 86 --log-file "$base.log" "${app[@]}" >"$base.out" 2>&1
     echo "$? $(($(date +%s) - t0)) $limit" >"$base.rc"
   ) &
 }
 
 echo "sanitize: ${#runs[@]} runs, $JOBS at a time, budget ${BUDGET} s ($CS)"
+[[ " $TOOLS " == *" synccheck "* && " $OPS " == *" attn2 "* ]] &&
+  echo "sanitize: synccheck runs attn2's split16 and split16_all with MUSE_DECODE_ATTN2_MAX_CLUSTER=8 (clusters of 8; see env_of)"
 for r in "${runs[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
   # shellcheck disable=SC2086

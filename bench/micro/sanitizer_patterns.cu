@@ -14,6 +14,10 @@
 //                               nobody sends
 //   sanitizer_patterns closed   the same phase closed by complete_tx before
 //                               exit
+//   sanitizer_patterns waves C N plain|ring
+//                               one exchange<C, 0 or kRing> over N CTAs: does
+//                               the tool's run depend on the cluster size, or
+//                               on clusters placed in later waves?
 //
 // Patterns (the kernel names in the program's output; racecheck's reports
 // name the two access sites, file:line, which is what scripts/sanitize.sh
@@ -99,6 +103,7 @@ constexpr int kRecvOffset = a2::kRecvOffset;                         // attn2: i
 constexpr int kRecvBytes = a2::kRecvBytes;                           // 9216 from the cluster
 constexpr int kDynSmem = 2 * kStages * kStageBytes + 8192 + 1024;   // attn2's plan: 2 CTAs per SM
 constexpr int kBoxRows = 64;                                        // a box: 64 rows x 128 bytes = 8 KB
+constexpr int kMaxCtas = 512;                                       // the largest exchange launch
 
 template <int kCluster, int kFlags>
 __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ CUtensorMap map, float* out) {
@@ -225,7 +230,7 @@ bool ok(int err, const char* what) {
 }
 
 template <int kCluster, int kFlags>
-bool run_exchange(const CUtensorMap& map, float* out, const char* what) {
+bool run_exchange(const CUtensorMap& map, float* out, const char* what, int ctas = 256) {
   constexpr auto kernel = exchange<kCluster, kFlags>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
@@ -235,33 +240,47 @@ bool run_exchange(const CUtensorMap& map, float* out, const char* what) {
     return false;
   }
   // attn2's one-slice launch at TP8 (2 KV heads, 2 requests) in clusters of 16: 64 CTAs; 4 such grids' worth.
-  const LaunchShape shape{dim3(256), dim3(kThreads), kDynSmem, kCluster};
+  const LaunchShape shape{dim3(ctas), dim3(kThreads), kDynSmem, kCluster};
   const bool launched = ok(launch_kernel<kernel>(shape, nullptr, map, out), what);
   const cudaError_t e = cudaDeviceSynchronize();
   std::printf("%-40s %s\n", what, launched ? cudaGetErrorString(e) : "not launched");
   return launched && e == cudaSuccess;
 }
 
-int race() {
+// The exchange patterns' buffers: out (256 CTAs' words) and the source of
+// the ring's boxes, with its tensor map.
+struct ExchangeBuffers {
   float* out = nullptr;
   uint16_t* src = nullptr;
-  const size_t rows = 2 * kTiles * kBoxRows;
-  if (cudaMalloc(&out, 256 * kThreads * sizeof(float)) != cudaSuccess ||
-      cudaMalloc(&src, rows * 64 * sizeof(uint16_t)) != cudaSuccess)
-    return 1;
-  cudaMemset(src, 0, rows * 64 * sizeof(uint16_t));
-  const auto encode = muse_decode::detail::encode_tiled_fn();
   CUtensorMap map;
-  const cuuint64_t dims[2] = {64, rows};
-  const cuuint64_t strides[1] = {64 * sizeof(uint16_t)};
-  const cuuint32_t box[2] = {64, kBoxRows};
-  const cuuint32_t elem[2] = {1, 1};
-  if (!encode || encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, src, dims, strides, box, elem,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-    std::printf("tensor map refused\n");
-    return 1;
+  bool ready = false;
+  ExchangeBuffers() {
+    const size_t rows = 2 * kTiles * kBoxRows;
+    if (cudaMalloc(&out, kMaxCtas * kThreads * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&src, rows * 64 * sizeof(uint16_t)) != cudaSuccess)
+      return;
+    cudaMemset(src, 0, rows * 64 * sizeof(uint16_t));
+    const auto encode = muse_decode::detail::encode_tiled_fn();
+    const cuuint64_t dims[2] = {64, rows};
+    const cuuint64_t strides[1] = {64 * sizeof(uint16_t)};
+    const cuuint32_t box[2] = {64, kBoxRows};
+    const cuuint32_t elem[2] = {1, 1};
+    ready = encode && encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, src, dims, strides, box, elem,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    if (!ready) std::printf("tensor map refused\n");
   }
+  ~ExchangeBuffers() {
+    cudaFree(out);
+    cudaFree(src);
+  }
+};
+
+int race() {
+  ExchangeBuffers b;
+  if (!b.ready) return 1;
+  const CUtensorMap& map = b.map;
+  float* out = b.out;
   bool good = true;
   uint32_t* words = reinterpret_cast<uint32_t*>(out);
   good &= ok(launch_kernel<route_publish>(LaunchShape{dim3(kRouteCtas), dim3(kThreads), 0, kRouteCtas}, nullptr, words),
@@ -281,9 +300,25 @@ int race() {
   good &= run_exchange<16, kRing | kPreexit | kPush | kHalfTail>(map, out,
                                                                "exchange<16, kRing | kPreexit | kPush | kHalfTail>");
   good &= run_exchange<16, kRing | kPreexit | kPush | kLeave>(map, out, "exchange<16, kRing | kPreexit | kPush | kLeave>");
-  cudaFree(out);
-  cudaFree(src);
   std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");
+  return good ? 0 : 1;
+}
+
+// One launch of the exchange in clusters of C over `ctas` CTAs, with or
+// without the ring: whether a tool's run depends on the cluster size or on
+// clusters placed in later waves (an H200 holds 224 CTAs of it in clusters of
+// 16 and 240 in clusters of 8). One launch per process: a fault ends the
+// context.
+int waves(int cluster, int ctas, bool ring) {
+  ExchangeBuffers b;
+  if (!b.ready || ctas < cluster || ctas > kMaxCtas || ctas % cluster != 0) return 1;
+  char what[64];
+  std::snprintf(what, sizeof what, "exchange<%d, %s> x %d CTAs", cluster, ring ? "kRing" : "0", ctas);
+  bool good;
+  if (cluster == 16)
+    good = ring ? run_exchange<16, kRing>(b.map, b.out, what, ctas) : run_exchange<16, 0>(b.map, b.out, what, ctas);
+  else
+    good = ring ? run_exchange<8, kRing>(b.map, b.out, what, ctas) : run_exchange<8, 0>(b.map, b.out, what, ctas);
   return good ? 0 : 1;
 }
 
@@ -305,6 +340,8 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "race") == 0) return race();
   if (std::strcmp(mode, "open") == 0) return armed<false>();
   if (std::strcmp(mode, "closed") == 0) return armed<true>();
-  std::printf("usage: %s race | open | closed\n", argv[0]);
+  if (std::strcmp(mode, "waves") == 0 && argc == 5)
+    return waves(std::atoi(argv[2]), std::atoi(argv[3]), std::strcmp(argv[4], "ring") == 0);
+  std::printf("usage: %s race | open | closed | waves CLUSTER CTAS plain|ring\n", argv[0]);
   return 2;
 }

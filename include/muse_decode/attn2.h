@@ -53,6 +53,13 @@ int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
 // call on that device. Throws std::invalid_argument on a GPU the kernels were
 // not built for (or a device that is not there) and std::runtime_error when
 // the CUDA runtime refuses the attributes.
+//
+// With MUSE_DECODE_ATTN2_MAX_CLUSTER=8 in the environment, every launch on
+// the device uses clusters of 8 CTAs instead of 16 (the path of GPUs that
+// cannot place a cluster of 16; the same results to the tolerance, not to
+// the bit). For compute-sanitizer's synccheck, which faults kernels launched
+// with more than 4 clusters of 16 (docs/sanitizers.md). Any other value than
+// 8 or 16 throws std::invalid_argument naming the variable.
 void prepare_attn2(int device = -1);
 
 // What prepare_attn2 measured on a device: the one-slice path's cluster size
@@ -60,7 +67,7 @@ void prepare_attn2(int device = -1);
 // and of 16 (cudaOccupancyMaxActiveClusters times the cluster size; a split
 // grid that fills exactly that many is launched with idle_last and resident).
 struct Attn2Residency {
-  int short_cluster_size = 0;  // 16 where the GPU places a cluster of 16, else 8
+  int short_cluster_size = 0;  // 16 where the GPU places a cluster of 16 (and no cap says 8), else 8
   int resident_ctas_8 = 0;
   int resident_ctas_16 = 0;
 };

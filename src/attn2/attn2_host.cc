@@ -2,7 +2,9 @@
 // that guard the launch, the device setup, the launch and the bound form.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "../common/checks.h"
 #include "../common/hardware.h"
@@ -256,13 +258,25 @@ std::optional<std::string> unsupported_attn2_call(const Attn2Args& args) {
 // Prepared devices: what the launch is sized by (attn2_residency).
 namespace {
 detail::PerDevice<Attn2Residency> g_prepared;
+
+// MUSE_DECODE_ATTN2_MAX_CLUSTER (8 or 16; 16 when unset): see prepare_attn2.
+int max_cluster_from_env() {
+  const char* v = std::getenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
+  if (v == nullptr || *v == '\0') return 16;
+  const std::string s(v);
+  if (s == "8") return 8;
+  if (s == "16") return 16;
+  fail_expected("MUSE_DECODE_ATTN2_MAX_CLUSTER (environment)", "8 or 16", cat("'", s, "'"));
+}
 }  // namespace
 
 void prepare_attn2(int device) {
-  detail::prepare_device(g_prepared, "attn2", device, [](int) {
+  const int max_cluster = max_cluster_from_env();  // checked before the device
+  detail::prepare_device(g_prepared, "attn2", device, [max_cluster](int) {
     Attn2Residency r;
     detail::throw_if_cuda_error(detail::attn2_set_kernel_attributes(&r.short_cluster_size),
                                 "prepare_attn2: setting the kernel attributes");
+    if (max_cluster == 8) r.short_cluster_size = 8;
     // Co-resident CTAs with clusters of 8 and of 16; 0 (never idle_last or
     // resident) where the runtime cannot say.
     int blocks_per_sm = 0, clusters = 0;

@@ -9,9 +9,11 @@
 #include "check_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "muse_decode/arch.h"
@@ -122,6 +124,20 @@ TEST(Attn2Sizing, SplitsCheckEveryArgument) {
   // Checked on the short and windowed paths too, which need no heuristic.
   EXPECT_EQ(error_of([] { md::attn2_splits(2048, 0, 3); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
   EXPECT_EQ(error_of([] { md::attn2_splits(131072, 2048, 0); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 0");
+}
+
+// A cap on the cluster size from the environment must be 8 or 16; anything
+// else fails prepare_attn2 before it looks for a device, naming the variable.
+TEST(Attn2Prepare, MaxClusterFromEnvironment) {
+  ASSERT_EQ(setenv("MUSE_DECODE_ATTN2_MAX_CLUSTER", "12", 1), 0);
+  try {
+    md::prepare_attn2();
+    ADD_FAILURE() << "prepare_attn2 took MUSE_DECODE_ATTN2_MAX_CLUSTER=12";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MUSE_DECODE_ATTN2_MAX_CLUSTER"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'12'"), std::string::npos) << e.what();
+  }
+  unsetenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
 }
 
 TEST(Attn2Sizing, WorkspaceBytes) {

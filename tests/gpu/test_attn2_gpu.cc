@@ -11,10 +11,12 @@
 #include <atomic>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -586,6 +588,28 @@ TEST_F(Attn2Gpu, SanitizerSplit16AllActive) {
   ASSERT_GT(p.splits, 1);
   p.check(p.run());
   EXPECT_EQ(p.workspace_left_dirty(), 0);
+}
+
+// The split kernel in clusters of 16 on a grid of 4 clusters (1 request, 2
+// KV heads, 2 slices), the most compute-sanitizer's synccheck runs
+// (docs/sanitizers.md): both slices active, then the second one leaving.
+TEST_F(Attn2Gpu, SanitizerSplit16Small) {
+  for (int L : {3000, 20}) {
+    Problem p(2, {L}, 4096, std::nullopt, 814);
+    ASSERT_EQ(p.splits, 2);
+    p.check(p.run(/*pdl=*/true));
+    EXPECT_EQ(p.workspace_left_dirty(), 0);
+  }
+}
+
+// MUSE_DECODE_ATTN2_MAX_CLUSTER=8 (set by scripts/sanitize.sh for synccheck)
+// takes every launch to clusters of 8; unset, an H200 places clusters of 16.
+TEST_F(Attn2Gpu, MaxClusterFromEnvironment) {
+  const char* v = std::getenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
+  const bool capped = v != nullptr && std::string(v) == "8";
+  const md::Attn2Residency r = md::attn2_residency();
+  if (capped) EXPECT_EQ(r.short_cluster_size, 8);
+  else if (r.resident_ctas_16 > 0) EXPECT_EQ(r.short_cluster_size, 16);
 }
 
 TEST_F(Attn2Gpu, SanitizerSplit8) {
