@@ -49,7 +49,13 @@
 //       on that rank's receive barrier, which thread 0 armed once the CTA
 //       stays, and warpgroup 0 waits on its own and reads the 9216; kLeave,
 //       the odd clusters leave after the init barrier with their receive
-//       barrier initialised only (attn2's slices past the active ones).
+//       barrier initialised only (attn2's slices past the active ones);
+//       kClusterMerge, after the loads attn2's own cluster merge
+//       (ClusterMerge: encode, cluster wait, push, from registers in
+//       clusters of 16, then the mergers wait on the receive barrier and
+//       combine); kEarlyArrive, the relaxed cluster arrival before the ring
+//       instead of after it (attn2's early push: short loops, so the other
+//       ranks' pushes may land while this CTA is still in its exchange).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -97,7 +103,9 @@ __global__ void __launch_bounds__(kThreads, 1) route_publish(uint32_t* out) {
 }
 
 // ---- attn2's exchange ------------------------------------------------------------------
-enum Flags : int { kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32 };
+enum Flags : int {
+  kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32, kClusterMerge = 64, kEarlyArrive = 128
+};
 constexpr int kStages = 3, kStageBytes = 16384, kHalfBytes = kStageBytes / 2, kTiles = 4;
 constexpr int kRecvOffset = a2::kRecvOffset;                         // attn2: in warpgroup 0's last stage
 constexpr int kRecvBytes = a2::kRecvBytes;                           // 9216 from the cluster
@@ -124,7 +132,11 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
   }
   __syncthreads();
   if ((kFlags & kLeave) && blockIdx.x / kCluster % 2 == 1) return;  // the whole cluster leaves
-  if ((kFlags & kPush) && threadIdx.x == 0) ptx::mbar_arrive_expect_tx(&recv, kRecvBytes);
+  if ((kFlags & (kPush | kClusterMerge)) && threadIdx.x == 0) ptx::mbar_arrive_expect_tx(&recv, kRecvBytes);
+  // attn2's early push: the receive area opens before the key loop (no stage
+  // over it is filled), so the other ranks' pushes may land during the
+  // exchange.
+  if (kFlags & kEarlyArrive) ptx::cluster_arrive_relaxed();
   float acc = 0.0f;
   if (kFlags & kRing) {
     const auto issue = [&](int j) {  // (warp 0 of the warpgroup) tile j: two boxes into its stage
@@ -163,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
     }
   }
   __syncthreads();  // attn2: the first half may still read the last stage
-  if (kFlags & kPush) ptx::cluster_arrive_relaxed();
+  if ((kFlags & (kPush | kClusterMerge)) && !(kFlags & kEarlyArrive)) ptx::cluster_arrive_relaxed();
   float4* xchg = reinterpret_cast<float4*>(smem + a2::kExchangeOffset);
   a2::SoftmaxState st;
 #pragma unroll
@@ -202,6 +214,23 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
       ptx::mbar_wait_spin(&recv, 0);
       for (int c = threadIdx.x; c < kRecvBytes / 16; c += kHalf)
         acc += __uint_as_float(reinterpret_cast<const uint4*>(smem + kRecvOffset)[c].x);
+    }
+  }
+  if (kFlags & kClusterMerge) {  // attn2's cluster merge itself (from registers in clusters of 16)
+    const a2::RowOwner<kCluster> rows(rank);
+    a2::ClusterMerge<kCluster> cluster;
+    __half* merge_o = reinterpret_cast<__half*>(smem);
+    __shared__ float4 s_mls[a2::kRows];
+    if (kh == 0) cluster.encode(st, rw, lane, merge_o, s_mls);
+    if (!a2::RowOwner<kCluster>::kRegPush) __syncthreads();
+    ptx::cluster_wait();
+    cluster.push(static_cast<int>(rank), rw, kh, lane, ptx::smem_addr(smem + kRecvOffset), ptx::smem_addr(&recv),
+                 merge_o, s_mls);
+    if (rows.merger) {
+      ptx::mbar_wait_spin(&recv, 0);
+      a2::MergedRow<a2::RowOwner<kCluster>::kCols> row;
+      cluster.combine(rows, smem + kRecvOffset, row);
+      acc += row.l + row.m + row.o[0];
     }
   }
   out[blockIdx.x * kThreads + threadIdx.x] = acc;
@@ -300,6 +329,12 @@ int race() {
   good &= run_exchange<16, kRing | kPreexit | kPush | kHalfTail>(map, out,
                                                                "exchange<16, kRing | kPreexit | kPush | kHalfTail>");
   good &= run_exchange<16, kRing | kPreexit | kPush | kLeave>(map, out, "exchange<16, kRing | kPreexit | kPush | kLeave>");
+  // attn2's one-slice launch in the sanitizer test: 4 clusters of 16.
+  good &= run_exchange<16, kRing | kClusterMerge>(map, out, "exchange<16, kRing | kClusterMerge> x 64", 64);
+  good &= run_exchange<16, kRing | kClusterMerge | kEarlyArrive>(map, out,
+                                                                 "exchange<16, kRing | kClusterMerge | kEarlyArrive> x 64", 64);
+  good &= run_exchange<8, kRing | kClusterMerge | kEarlyArrive>(map, out,
+                                                                "exchange<8, kRing | kClusterMerge | kEarlyArrive> x 64", 64);
   std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");
   return good ? 0 : 1;
 }
