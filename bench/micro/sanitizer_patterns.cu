@@ -276,8 +276,8 @@ bool run_exchange(const CUtensorMap& map, float* out, const char* what, int ctas
   return launched && e == cudaSuccess;
 }
 
-// The exchange patterns' buffers: out (256 CTAs' words) and the source of
-// the ring's boxes, with its tensor map.
+// The exchange patterns' buffers: out (a word per thread of up to kMaxCtas
+// CTAs) and the source of the ring's boxes, with its tensor map.
 struct ExchangeBuffers {
   float* out = nullptr;
   uint16_t* src = nullptr;
@@ -346,6 +346,10 @@ int race() {
 // context.
 int waves(int cluster, int ctas, bool ring) {
   ExchangeBuffers b;
+  if (cluster != 8 && cluster != 16) {
+    std::printf("waves: clusters of 8 or 16, not %d\n", cluster);
+    return 2;
+  }
   if (!b.ready || ctas < cluster || ctas > kMaxCtas || ctas % cluster != 0) return 1;
   char what[64];
   std::snprintf(what, sizeof what, "exchange<%d, %s> x %d CTAs", cluster, ring ? "kRing" : "0", ctas);

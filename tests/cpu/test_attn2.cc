@@ -129,6 +129,8 @@ TEST(Attn2Sizing, SplitsCheckEveryArgument) {
 // A cap on the cluster size from the environment must be 8 or 16; anything
 // else fails prepare_attn2 before it looks for a device, naming the variable.
 TEST(Attn2Prepare, MaxClusterFromEnvironment) {
+  const char* before = std::getenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
+  const std::string saved = before ? before : "";
   ASSERT_EQ(setenv("MUSE_DECODE_ATTN2_MAX_CLUSTER", "12", 1), 0);
   try {
     md::prepare_attn2();
@@ -137,7 +139,8 @@ TEST(Attn2Prepare, MaxClusterFromEnvironment) {
     EXPECT_NE(std::string(e.what()).find("MUSE_DECODE_ATTN2_MAX_CLUSTER"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("'12'"), std::string::npos) << e.what();
   }
-  unsetenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
+  if (before) setenv("MUSE_DECODE_ATTN2_MAX_CLUSTER", saved.c_str(), 1);
+  else unsetenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
 }
 
 TEST(Attn2Sizing, WorkspaceBytes) {
