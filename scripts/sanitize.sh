@@ -13,7 +13,7 @@
 #   JOBS=8            sanitizer runs at once (they share the GPU; default 8)
 #   BUDGET=480        seconds for all runs: a run not started by then is not run
 #                     (and fails its cell); each run also stops at the budget's end
-#   TIMEOUT_RACECHECK=420 TIMEOUT_MEMCHECK=240 ...   per-run limits, in seconds
+#   TIMEOUT_RACECHECK=240 TIMEOUT_MEMCHECK=240 ...   per-run limits, in seconds
 #
 # Besides the ops, bench/micro/sanitizer_patterns runs under racecheck (the
 # patterns that prove suppressions: an entry is honoured only when a pattern
@@ -21,9 +21,7 @@
 # under synccheck (the cluster merge's barrier protocol, and a CTA that exits
 # with a barrier phase open or closed). racecheck's reports name the two
 # access sites (function, file:line), not the kernel, so that pair is what
-# entries match. qkv_front's cluster case runs under racecheck as one run per
-# launch (--launch-skip / --launch-count on its kernel), first and in
-# parallel with the others: it is the slowest under that tool.
+# entries match. docs/sanitizers.md says what each tool reports and why.
 # The table comes last; before it, the first reports of each failing run.
 # Every run's tool log and test output are kept in BUILD/sanitize/ (and, with
 # OUT set, archived to $OUT/sanitize_logs.tar.gz).
@@ -63,9 +61,6 @@ CASES=(
   "attn2 split8 Attn2Gpu.SanitizerSplit8"
   "route shapes RouteGpu.SanitizerShapes"
 )
-# racecheck over qkv_front's cluster case: its two launches (T = 1, then 9)
-# in runs of their own, each checking one launch of the cluster kernel.
-QKV_CLUSTER_KERNEL=qkv_front_cluster_kernel
 
 tool_args() {
   case $1 in
@@ -76,7 +71,7 @@ tool_args() {
 }
 limit_of() {
   case $1 in
-    racecheck) echo "${TIMEOUT_RACECHECK:-420}" ;;
+    racecheck) echo "${TIMEOUT_RACECHECK:-240}" ;;
     memcheck) echo "${TIMEOUT_MEMCHECK:-240}" ;;
     synccheck) echo "${TIMEOUT_SYNCCHECK:-240}" ;;
     initcheck) echo "${TIMEOUT_INITCHECK:-240}" ;;
@@ -94,26 +89,8 @@ env_of() {  # tool op name
     *) ;;
   esac
 }
-# Extra tool arguments of a run (by its case name).
-case_args() {
-  case $1 in
-    cluster_t1) echo "--kernel-name kns=$QKV_CLUSTER_KERNEL --launch-count 1" ;;
-    cluster_t9) echo "--kernel-name kns=$QKV_CLUSTER_KERNEL --launch-skip 1 --launch-count 1" ;;
-    *) ;;
-  esac
-}
-
-# The runs: racecheck's qkv_front cluster launches first (the longest), then
-# racecheck's others, then the other tools.
+# The runs: racecheck's (the longest) first, then the other tools'.
 runs=()
-if [[ " $TOOLS " == *" racecheck "* && " $OPS " == *" qkv_front "* ]]; then
-  if has --launch-count && has --kernel-name; then
-    runs+=("racecheck qkv_front cluster_t1 QkvFrontGpu.SanitizerCluster"
-           "racecheck qkv_front cluster_t9 QkvFrontGpu.SanitizerCluster")
-  else
-    runs+=("racecheck qkv_front cluster QkvFrontGpu.SanitizerCluster")
-  fi
-fi
 for tool in racecheck synccheck memcheck initcheck; do
   [[ " $TOOLS " == *" $tool "* ]] || continue
   [ "$tool" = racecheck ] && runs+=("racecheck patterns race")
@@ -121,7 +98,6 @@ for tool in racecheck synccheck memcheck initcheck; do
                                     "synccheck patterns waves16_4" "synccheck patterns waves16_14")
   for c in "${CASES[@]}"; do
     read -r op name filter <<<"$c"
-    [ "$tool $op $name" = "racecheck qkv_front cluster" ] && continue  # (above)
     [[ " $OPS " == *" $op "* ]] && runs+=("$tool $op $name $filter")
   done
 done
@@ -149,7 +125,7 @@ launch() {  # tool op name [filter]
   # shellcheck disable=SC2046
   (
     t0=$(date +%s)
-    timeout -k 15 "$limit" "${envs[@]}" "$CS" --tool "$tool" $(tool_args "$tool") $(case_args "$name") "${port[@]}" --print-limit 1000 \
+    timeout -k 15 "$limit" "${envs[@]}" "$CS" --tool "$tool" $(tool_args "$tool") "${port[@]}" --print-limit 1000 \
       --error-exitcode 86 --log-file "$base.log" "${app[@]}" >"$base.out" 2>&1
     echo "$? $(($(date +%s) - t0)) $limit" >"$base.rc"
   ) &

@@ -14,6 +14,11 @@
 //                               nobody sends
 //   sanitizer_patterns closed   the same phase closed by complete_tx before
 //                               exit
+//   sanitizer_patterns unwaited | rank0_exits
+//                               (racecheck) qkv_front's split cluster
+//                               barrier in clusters of 3: warps 1.. exit
+//                               between arrival and wait, or all of rank 0
+//                               does (docs/sanitizers.md)
 //   sanitizer_patterns waves C N plain|ring
 //                               one exchange<C, 0 or kRing> over N CTAs: does
 //                               the tool's run depend on the cluster size, or
@@ -55,7 +60,12 @@
 //       clusters of 16, then the mergers wait on the receive barrier and
 //       combine); kEarlyArrive, the relaxed cluster arrival before the ring
 //       instead of after it (attn2's early push: short loops, so the other
-//       ranks' pushes may land while this CTA is still in its exchange).
+//       ranks' pushes may land while this CTA is still in its exchange);
+//       kSecondHalfBar, warpgroup 1 alone passes its named barrier once
+//       before its stores; kHalfTailSecond, the ring's tail zeroed by
+//       warpgroup 1 only (both: one more named barrier in warpgroup 1 than in
+//       warpgroup 0, as in attn2's CTA whose warpgroup 1 holds the tile past
+//       L, which racecheck flags).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -104,7 +114,8 @@ __global__ void __launch_bounds__(kThreads, 1) route_publish(uint32_t* out) {
 
 // ---- attn2's exchange ------------------------------------------------------------------
 enum Flags : int {
-  kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32, kClusterMerge = 64, kEarlyArrive = 128
+  kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32, kClusterMerge = 64, kEarlyArrive = 128,
+  kSecondHalfBar = 256, kHalfTailSecond = 512
 };
 constexpr int kStages = 3, kStageBytes = 16384, kHalfBytes = kStageBytes / 2, kTiles = 4;
 constexpr int kRecvOffset = a2::kRecvOffset;                         // attn2: in warpgroup 0's last stage
@@ -155,7 +166,8 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
       const int st = kh * kStages + it % kStages;
       ptx::mbar_wait_spin(&full[st], (it / kStages) & 1);
       const uint32_t stage = base + st * kStageBytes;
-      if (it == kTiles - 1 && (!(kFlags & kHalfTail) || kh == 0)) {  // attn2's tile past L: V rows zeroed
+      const bool tail = kFlags & kHalfTail ? kh == 0 : kFlags & kHalfTailSecond ? kh == 1 : true;
+      if (it == kTiles - 1 && tail) {  // attn2's tile past L: V rows zeroed
         ptx::st_shared_v4(stage + kHalfBytes + (threadIdx.x % kHalf) * 16, 0, 0, 0, 0);
         ptx::fence_proxy_async_smem();
         if (kh == 0)
@@ -189,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
   st.m[1] = acc - 1.0f;
   st.l[0] = 1.0f;
   st.l[1] = 2.0f;
+  if ((kFlags & kSecondHalfBar) && kh == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
   if (kh == 1) a2::stash_second_half(st, xchg);
   __syncthreads();  // attn2: the second half's state written
   if (kFlags & kPreexit) ptx::griddep_launch_dependents();
@@ -252,6 +265,22 @@ __global__ void __launch_bounds__(kThreads) armed_exit(int* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = 1;
 }
 
+// ---- qkv_front's split cluster barrier -------------------------------------------------
+// Every thread arrives (relaxed); warp 0 waits and writes. kAllWait: the
+// other warps wait too before they exit, else they exit between arrival and
+// wait, which the PTX ISA allows (a wait waits for the non-exited threads).
+template <bool kAllWait>
+__global__ void __launch_bounds__(kThreads) split_arrival(int* out, bool rank0_exits) {
+  ptx::cluster_arrive_relaxed();
+  if (rank0_exits && ptx::cluster_ctarank() == 0) return;  // rank 0 leaves without waiting
+  if (threadIdx.x >= 32) {
+    if (kAllWait) ptx::cluster_wait();
+    return;
+  }
+  ptx::cluster_wait();
+  out[blockIdx.x * 32 + threadIdx.x] = static_cast<int>(threadIdx.x);
+}
+
 // ---- host ---------------------------------------------------------------------------------
 bool ok(int err, const char* what) {
   if (err != 0) std::printf("%s: launch failed: %s\n", what, cudaGetErrorString(static_cast<cudaError_t>(err)));
@@ -259,7 +288,7 @@ bool ok(int err, const char* what) {
 }
 
 template <int kCluster, int kFlags>
-bool run_exchange(const CUtensorMap& map, float* out, const char* what, int ctas = 256) {
+bool run_exchange(const CUtensorMap& map, float* out, const char* what, int ctas = 64) {
   constexpr auto kernel = exchange<kCluster, kFlags>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
@@ -268,7 +297,8 @@ bool run_exchange(const CUtensorMap& map, float* out, const char* what, int ctas
     std::printf("%s: attributes refused\n", what);
     return false;
   }
-  // attn2's one-slice launch at TP8 (2 KV heads, 2 requests) in clusters of 16: 64 CTAs; 4 such grids' worth.
+  // By default attn2's one-slice launch at TP8 (2 KV heads, 2 requests) in
+  // clusters of 16: 64 CTAs, the most synccheck runs (docs/sanitizers.md).
   const LaunchShape shape{dim3(ctas), dim3(kThreads), kDynSmem, kCluster};
   const bool launched = ok(launch_kernel<kernel>(shape, nullptr, map, out), what);
   const cudaError_t e = cudaDeviceSynchronize();
@@ -329,12 +359,15 @@ int race() {
   good &= run_exchange<16, kRing | kPreexit | kPush | kHalfTail>(map, out,
                                                                "exchange<16, kRing | kPreexit | kPush | kHalfTail>");
   good &= run_exchange<16, kRing | kPreexit | kPush | kLeave>(map, out, "exchange<16, kRing | kPreexit | kPush | kLeave>");
-  // attn2's one-slice launch in the sanitizer test: 4 clusters of 16.
-  good &= run_exchange<16, kRing | kClusterMerge>(map, out, "exchange<16, kRing | kClusterMerge> x 64", 64);
+  good &= run_exchange<16, kRing | kClusterMerge>(map, out, "exchange<16, kRing | kClusterMerge>");
   good &= run_exchange<16, kRing | kClusterMerge | kEarlyArrive>(map, out,
-                                                                 "exchange<16, kRing | kClusterMerge | kEarlyArrive> x 64", 64);
-  good &= run_exchange<8, kRing | kClusterMerge | kEarlyArrive>(map, out,
-                                                                "exchange<8, kRing | kClusterMerge | kEarlyArrive> x 64", 64);
+                                                                 "exchange<16, kRing | kClusterMerge | kEarlyArrive>");
+  good &= run_exchange<8, kRing | kClusterMerge | kEarlyArrive>(map, out, "exchange<8, kRing | kClusterMerge | kEarlyArrive>");
+  good &= run_exchange<16, kSecondHalfBar>(map, out, "exchange<16, kSecondHalfBar>");
+  good &= run_exchange<8, kSecondHalfBar>(map, out, "exchange<8, kSecondHalfBar>");
+  good &= run_exchange<16, kRing | kHalfTailSecond>(map, out, "exchange<16, kRing | kHalfTailSecond>");
+  good &= run_exchange<16, kRing | kHalfTailSecond | kClusterMerge>(map, out,
+                                                                    "exchange<16, kRing | kHalfTailSecond | kClusterMerge>");
   std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");
   return good ? 0 : 1;
 }
@@ -374,13 +407,29 @@ int armed() {
 
 }  // namespace
 
+template <bool kAllWait>
+int split(int clusters, bool rank0_exits = false) {
+  int* out = nullptr;
+  if (cudaMalloc(&out, clusters * 3 * 32 * sizeof(int)) != cudaSuccess) return 1;
+  const char* what = kAllWait ? "split_arrival<all wait>" : "split_arrival<warp 0 waits>";
+  bool good = ok(launch_kernel<split_arrival<kAllWait>>(LaunchShape{dim3(3 * clusters), dim3(kThreads), 0, 3}, nullptr, out,
+                                                               rank0_exits),
+                 what);
+  const cudaError_t e = cudaDeviceSynchronize();
+  std::printf("%-40s %s\n", what, cudaGetErrorString(e));
+  cudaFree(out);
+  return good && e == cudaSuccess ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "race";
   if (std::strcmp(mode, "race") == 0) return race();
   if (std::strcmp(mode, "open") == 0) return armed<false>();
   if (std::strcmp(mode, "closed") == 0) return armed<true>();
+  if (std::strcmp(mode, "unwaited") == 0) return split<false>(36);
+  if (std::strcmp(mode, "rank0_exits") == 0) return split<true>(36, true);
   if (std::strcmp(mode, "waves") == 0 && argc == 5)
     return waves(std::atoi(argv[2]), std::atoi(argv[3]), std::strcmp(argv[4], "ring") == 0);
-  std::printf("usage: %s race | open | closed | waves CLUSTER CTAS plain|ring\n", argv[0]);
+  std::printf("usage: %s race | open | closed | unwaited | rank0_exits | waves CLUSTER CTAS plain|ring\n", argv[0]);
   return 2;
 }

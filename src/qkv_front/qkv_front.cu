@@ -153,12 +153,17 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   }
   __syncthreads();
   // Split cluster barrier: every thread arrives here, all 32 lanes of each
-  // warp together (.aligned), and a rank waits before its first access to
-  // the owner's shared memory (ClusterMerge::push); threads that exit without
-  // waiting are not waited for. The arrival is relaxed: all it publishes is
-  // the barrier inits, which fence_mbarrier_init released; the release form
-  // is a MEMBAR.ALL.GPU per thread in front of the first copies (H200, TP8:
-  // 0.15-0.2 us from T = 9 on).
+  // warp together (.aligned). A rank's consumers wait before their first
+  // access to the owner's shared memory (ClusterMerge::push), the owner's
+  // before the merge, where the phase has long completed; the producer and
+  // staging warps exit without waiting, which the PTX ISA allows (a wait
+  // waits for the non-exited threads). The owner's wait costs nothing and is
+  // there for compute-sanitizer: without it racecheck never finishes the
+  // launch (docs/sanitizers.md); waiting in the exiting warps too would cost
+  // the TP8 block 0.2 us (H200). The arrival is relaxed: all it publishes
+  // is the barrier inits, which fence_mbarrier_init released; the release
+  // form is a MEMBAR.ALL.GPU per thread in front of the first copies (H200,
+  // TP8: 0.15-0.2 us from T = 9 on).
   ptx::cluster_arrive_relaxed();
   ptx::griddep_launch_dependents();  // as in the stream-K kernel
   trace.mark(Phase::kInitSynced);
@@ -191,6 +196,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
     trace.mark(Phase::kExit);
     return;
   }
+  ptx::cluster_wait();  // the owner too (see the arrival)
   merge.add(acc, threadIdx.x);
   bool inputs_staged = false;
   head_epilogue<NT>(acc, epi, inputs_staged, head, p, warp, lane);
