@@ -608,8 +608,11 @@ TEST_F(Attn2Gpu, MaxClusterFromEnvironment) {
   const char* v = std::getenv("MUSE_DECODE_ATTN2_MAX_CLUSTER");
   const bool capped = v != nullptr && std::string(v) == "8";
   const md::Attn2Residency r = md::attn2_residency();
-  if (capped) EXPECT_EQ(r.short_cluster_size, 8);
-  else if (r.resident_ctas_16 > 0) EXPECT_EQ(r.short_cluster_size, 16);
+  if (capped) {
+    EXPECT_EQ(r.short_cluster_size, 8);
+  } else if (r.resident_ctas_16 > 0) {
+    EXPECT_EQ(r.short_cluster_size, 16);
+  }
 }
 
 TEST_F(Attn2Gpu, SanitizerSplit8) {
