@@ -1,4 +1,4 @@
-// What the CPU tests of the host checks share.
+// What the tests of the host checks share (the GPU tests include it too).
 #pragma once
 
 #include <cstdint>
