@@ -21,9 +21,9 @@ objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
 ``qkv_front_supports_call``, ``supports_shape`` is
 ``qkv_front_supports_shape``; all three are qkv_front's.
 
-Every function answers a bad argument (a wrong type, an integer out of
-range, an unknown name) with a ValueError naming it, the expected and the
-actual value. The "why not" checks (``unsupported_router``,
+Every function answers a bad argument (a wrong type, True or False where
+an integer or a number goes, an integer out of range, an unknown name) with
+a ValueError naming it, the expected and the actual value. The "why not" checks (``unsupported_router``,
 ``unsupported_attn2``, ``unsupported_projection``, ``unsupported_o_proj``,
 ``unsupported_<op>_call``)
 return the reason as text for any object they are given, never raise for

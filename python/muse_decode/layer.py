@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from . import stock
+from ._arguments import integer
 from .attention import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
 from .front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
@@ -50,6 +51,7 @@ def router(expert_bias, weight=None, route_scale: float = 1.0, output_multiplier
 
 def rope_table(max_pos: int, device=None) -> torch.Tensor:
     """The fp32 interleaved RoPE table [max_pos, 64] (cos in 0:32, sin in 32:64), theta 500000."""
+    max_pos = integer(max_pos, "max_pos")
     inv = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64, device=device) / HEAD_DIM))
     angles = torch.arange(max_pos, dtype=torch.float64, device=device)[:, None] * inv[None, :]
     return torch.cat((angles.cos(), angles.sin()), -1).float()
@@ -81,8 +83,11 @@ class MuseSparkAttentionRouting(torch.nn.Module):
 
     def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
                  device=None, dtype=torch.bfloat16, seed: int = 0, tile_n: int = 128):
+        layer_idx, max_model_len = integer(layer_idx, "layer_idx"), integer(max_model_len, "max_model_len")
+        tp_rank, tp_size = integer(tp_rank, "tp_rank"), integer(tp_size, "tp_size")
+        seed, tile_n = integer(seed, "seed"), integer(tile_n, "tile_n")
         super().__init__()
-        if 16 % tp_size or NUM_EXPERTS % tp_size:
+        if tp_size < 1 or 16 % tp_size or NUM_EXPERTS % tp_size:
             raise ValueError(f"tp_size must divide 16 KV heads and 256 experts, got {tp_size}")
         g = torch.Generator(device="cpu").manual_seed(seed * 1000 + layer_idx)
         kvh = 16 // tp_size
@@ -138,6 +143,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         """The verify step (8 tokens per request) goes to the fused ops on a
         supported GPU; prefill, other lengths, unsupported layers or GPUs go
         to the stock path. route takes at most 8 tokens, qkv_front 16, o_proj 64."""
+        num_tokens, num_reqs = integer(num_tokens, "num_tokens"), integer(num_reqs, "num_reqs")
         dev = torch.device(device)
         if dev.type != "cuda" or not supported_gpu(dev.index if dev.index is not None else -1):
             return Plan(False, False, False, False, "not an SM90/SM100 GPU")
@@ -152,6 +158,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         """One-time setup of the fused path for up to num_reqs requests:
         kernel attributes, the bound routing and the workspaces (zeroed once),
         outside graph capture."""
+        num_reqs = integer(num_reqs, "num_reqs")
         dev = self.qkv_proj.weight.device
         prepare_attn2(dev.index or 0)
         prepare_qkv_front(dev.index or 0)
@@ -231,6 +238,8 @@ class MuseSparkAttentionRouting(torch.nn.Module):
 
 def paged_cache(num_pages: int, num_kv_heads: int, device=None, seed: int = 0) -> torch.Tensor:
     """A random bf16 KV cache [pages, KVH, 16, 128] (the keys of earlier tokens)."""
+    num_pages, num_kv_heads = integer(num_pages, "num_pages"), integer(num_kv_heads, "num_kv_heads")
+    seed = integer(seed, "seed")
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(num_pages, num_kv_heads, 16, 2 * HEAD_DIM, generator=g).to(device=device, dtype=torch.bfloat16)
 
@@ -239,6 +248,9 @@ def verify_step_inputs(seq_lens: list[int], max_model_len: int, num_pages: int, 
     """Inputs of one verify step for requests of the given lengths (each
     counting its 8 new tokens): x, positions, slot_mapping, block_table (pages
     shuffled over the cache), seq_lens."""
+    seq_lens = [integer(L, f"seq_lens[{i}]") for i, L in enumerate(seq_lens)]
+    max_model_len, num_pages = integer(max_model_len, "max_model_len"), integer(num_pages, "num_pages")
+    seed = integer(seed, "seed")
     g = torch.Generator(device="cpu").manual_seed(seed)
     r = len(seq_lens)
     per_req = math.ceil(max_model_len / 16)

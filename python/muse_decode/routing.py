@@ -72,6 +72,8 @@ def fold_router_output_multiplier(router) -> None:
     (multiplier,) = attributes(router, "router", ("router_output_multiplier",))
     if multiplier is None:
         return
+    if isinstance(multiplier, bool):
+        raise ValueError(f"router.router_output_multiplier must be a number, got {multiplier}")
     try:
         # float() reads text too; a multiplier given as text is a loading bug.
         factor = None if isinstance(multiplier, (str, bytes)) else float(multiplier)

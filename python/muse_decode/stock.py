@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ._arguments import integer, optional_integer
 from .constants import DIVISION_EPS, HEAD_DIM, HEADS_PER_KV_HEAD, PAGE_SIZE, RMS_NORM_EPS, SM_SCALE, TOP_K
 
 
@@ -29,7 +30,8 @@ def routing_metadata(ids, local_expert_offset: int, num_local_experts: int, tile
     the kernel does not write keep the buffer's values."""
     from .routing import RoutingMetadata
 
-    off, n, tile = local_expert_offset, num_local_experts, tile_n
+    off, n = integer(local_expert_offset, "local_expert_offset"), integer(num_local_experts, "num_local_experts")
+    tile = integer(tile_n, "tile_n")
     b = ids.shape[0]
     routes = TOP_K * b
     flat = ids.flatten().long()
@@ -83,6 +85,7 @@ def qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_head
     """The unfused attention front: out = [q | k | v | gate] of x W^T with q
     and k normed (and roped when cos_sin is given); k and v written to the
     cache slots (slot -1: none). Returns out (bf16 [T, N])."""
+    num_kv_heads = integer(num_kv_heads, "num_kv_heads")
     t = x.shape[0]
     h = HEADS_PER_KV_HEAD * num_kv_heads
     y = x @ weight.t()
@@ -107,6 +110,7 @@ def attn2(q, gate, kv_cache, block_table, seq_lens, window: int = 0, max_len: in
     then the weightless o-norm and the sigmoid gate. q and gate [R*8, H*64];
     returns bf16 [R*8, H*64]. max_len bounds the keys gathered (the
     deployment's max_model_len), so shapes do not depend on the lengths."""
+    window, max_len = integer(window, "window"), optional_integer(max_len, "max_len")
     rows, width = q.shape
     kvh = width // (HEADS_PER_KV_HEAD * HEAD_DIM)
     r = rows // 8

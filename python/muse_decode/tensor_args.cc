@@ -157,8 +157,17 @@ TensorRef tensor_ref(nb::handle h, const char* name) {
   return t;
 }
 
+namespace {
+// True and False are integers to Python; as an argument they are a mistake.
+[[noreturn]] void refuse_bool(nb::handle h, const char* name, const char* expected) {
+  throw std::invalid_argument(std::string(name) + " must be " + expected + ", got " +
+                              (h.ptr() == Py_True ? "True" : "False"));
+}
+}  // namespace
+
 int int_arg(nb::handle h, const char* name) {
   PyObject* obj = h.ptr();
+  if (PyBool_Check(obj)) refuse_bool(h, name, "an integer");
   int overflow = 0;
   const long long v = PyLong_Check(obj) ? PyLong_AsLongLongAndOverflow(obj, &overflow) : -1;
   if (!PyLong_Check(obj) || (v == -1 && PyErr_Occurred())) {
@@ -186,6 +195,7 @@ std::optional<int> optional_int_arg(nb::handle h, const char* name) {
 double float_arg(nb::handle h, const char* name) {
   PyObject* obj = h.ptr();
   if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+  if (PyBool_Check(obj)) refuse_bool(h, name, "a number");
   // PyFloat_AsDouble takes __float__ or __index__; a str has neither.
   const double v = PyFloat_AsDouble(obj);
   if (v == -1.0 && PyErr_Occurred()) {

@@ -39,14 +39,15 @@ DType dtype_of(PyObject* dtype);
 TensorRef tensor_ref(nb::handle obj, const char* name);
 
 // An integer argument as a C++ int: ValueError naming `name` when obj is not
-// an integer (or has no __index__) or lies outside int32 (nanobind's own int
-// caster would answer either with a TypeError about the signature).
+// an integer (or has no __index__), is True or False (an int to Python, a
+// slip as a count or a size: "got True"), or lies outside int32 (nanobind's
+// own int caster would answer with a TypeError about the signature).
 int int_arg(nb::handle obj, const char* name);
 // The same, None giving nullopt.
 std::optional<int> optional_int_arg(nb::handle obj, const char* name);
 
-// A real number (float, int or anything with __float__; not a string) as a
-// double: ValueError naming `name` otherwise.
+// A real number (float, int or anything with __float__; not a string, not
+// True or False) as a double: ValueError naming `name` otherwise.
 double float_arg(nb::handle obj, const char* name);
 // The same, None giving nullopt.
 std::optional<double> optional_float_arg(nb::handle obj, const char* name);
