@@ -1,5 +1,5 @@
 // muse-decode: the main job. Runs the Muse Spark verify step's fused kernels
-// (qkv_front, attn2, route) on this GPU for a chosen deployment, over several
+// (qkv_front, attn2, o_proj, route) on this GPU for a chosen deployment, over several
 // layers' worth of random weights and caches; checks every op against the CPU
 // reference and prints a table of time, bandwidth and the unfused path timed
 // in the same run. Without a supported GPU it runs and checks the CPU
@@ -9,9 +9,11 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,7 @@ iteration on another layer; "ops alone" adds the ops' own rows. Without an SM90/
 shape and says why the GPU part did not run. Exit status 0 when every check
 passes.
 
-options:
+options (a value follows its option, --tp 4, or joins it after '=', --tp=4):
   --tp N          tensor/expert-parallel size: 1, 2, 4 or 8 (this rank has 16/N KV
                   heads and 256/N experts; default 8)
   --context L     keys per request, the step's 8 included, 8..262144; also the
@@ -67,33 +69,70 @@ options:
   std::exit(2);
 }
 
-// The integer value of flag `name` (argv[i + 1]), or a usage error that says
-// which values the flag accepts, the same text whether the value was not a
-// number or a number the flag refuses.
+// The command line, one option at a time: its name and, for an option that
+// takes one, its value, joined to it after '=' (--tp=4) or the next argument
+// (--tp 4).
+class Args {
+ public:
+  Args(int argc, char** argv) : argc_(argc), argv_(argv) {}
+  // The next option's name; false after the last.
+  bool next() {
+    if (++i_ >= argc_) return false;
+    name_ = argv_[i_];
+    joined_.reset();
+    const size_t eq = name_.find('=');
+    if (name_.rfind("--", 0) == 0 && eq != std::string::npos) {
+      joined_ = name_.substr(eq + 1);
+      name_.resize(eq);
+    }
+    return true;
+  }
+  const std::string& name() const { return name_; }
+  // The option's value, or nullptr when the command line ends without one.
+  const char* value() {
+    if (joined_) return joined_->c_str();
+    return i_ + 1 < argc_ ? argv_[++i_] : nullptr;
+  }
+  // For an option that takes no value: a usage error when one is joined to it.
+  void no_value() const {
+    if (joined_) usage_error(name_ + " takes no value, got '" + name_ + "=" + *joined_ + "'");
+  }
+
+ private:
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string name_;
+  std::optional<std::string> joined_;
+};
+
+// The integer value of the current option, or a usage error that says which
+// values it accepts, the same text whether the value was not a number or a
+// number the option refuses.
 template <typename Accepts>
-int int_flag(int argc, char** argv, int& i, const char* name, const std::string& accepted, Accepts&& accepts) {
-  if (i + 1 >= argc) usage_error(std::string(name) + " needs a value: " + accepted);
-  const char* text = argv[++i];
+int int_flag(Args& args, const std::string& accepted, Accepts&& accepts) {
+  const std::string& name = args.name();
+  const char* text = args.value();
+  if (!text) usage_error(name + " needs a value: " + accepted);
   char* end = nullptr;
   errno = 0;
   const long v = std::strtol(text, &end, 10);
   if (*text == '\0' || *end != '\0' || errno == ERANGE || v < INT_MIN || v > INT_MAX || !accepts(static_cast<int>(v)))
-    usage_error(std::string(name) + " must be " + accepted + ", got '" + text + "'");
+    usage_error(name + " must be " + accepted + ", got '" + text + "'");
   return static_cast<int>(v);
 }
 
-// A flag whose values are a range.
-int range_flag(int argc, char** argv, int& i, const char* name, int lo, int hi) {
-  return int_flag(argc, argv, i, name, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+// An option whose values are a range.
+int range_flag(Args& args, int lo, int hi) {
+  return int_flag(args, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
                   [&](int v) { return v >= lo && v <= hi; });
 }
 
-// A flag whose values are a list.
-int set_flag(int argc, char** argv, int& i, const char* name, std::initializer_list<int> values) {
+// An option whose values are a list.
+int set_flag(Args& args, std::initializer_list<int> values) {
   std::string accepted;
   for (const int v : values) accepted += (accepted.empty() ? "one of " : ", ") + std::to_string(v);
-  return int_flag(argc, argv, i, name, accepted,
-                  [&](int v) { return std::find(values.begin(), values.end(), v) != values.end(); });
+  return int_flag(args, accepted, [&](int v) { return std::find(values.begin(), values.end(), v) != values.end(); });
 }
 
 struct Options {
@@ -103,35 +142,41 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+  Args args(argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
     if (a == "-h" || a == "--help") {
+      args.no_value();
       std::fputs(kHelp, stdout);
       std::exit(0);
     } else if (a == "--tp") {
-      o.d.tp = set_flag(argc, argv, i, "--tp", {1, 2, 4, 8});
+      o.d.tp = set_flag(args, {1, 2, 4, 8});
     } else if (a == "--context") {
-      o.d.context = range_flag(argc, argv, i, "--context", 8, 262144);
+      o.d.context = range_flag(args, 8, 262144);
     } else if (a == "--requests") {
-      o.d.requests = range_flag(argc, argv, i, "--requests", 1, 8);
+      o.d.requests = range_flag(args, 1, 8);
     } else if (a == "--layer") {
-      if (i + 1 >= argc) usage_error("--layer needs a value: one of sliding, full");
-      const std::string k = argv[++i];
-      if (k != "sliding" && k != "full") usage_error("--layer must be one of sliding, full, got '" + k + "'");
-      o.d.sliding = k == "sliding";
+      const char* k = args.value();
+      if (!k) usage_error("--layer needs a value: one of sliding, full");
+      if (std::strcmp(k, "sliding") != 0 && std::strcmp(k, "full") != 0)
+        usage_error(std::string("--layer must be one of sliding, full, got '") + k + "'");
+      o.d.sliding = std::strcmp(k, "sliding") == 0;
     } else if (a == "--layers") {
-      o.d.layers = range_flag(argc, argv, i, "--layers", 1, 64);
+      o.d.layers = range_flag(args, 1, 64);
     } else if (a == "--tile-n") {
-      o.d.tile_n = int_flag(argc, argv, i, "--tile-n", "one of 8, 16, 32, 64, 128, 256", md::valid_tile_n);
+      o.d.tile_n = int_flag(args, "one of 8, 16, 32, 64, 128, 256", md::valid_tile_n);
     } else if (a == "--calls") {
-      o.d.calls = range_flag(argc, argv, i, "--calls", 1, 1024);
+      o.d.calls = range_flag(args, 1, 1024);
     } else if (a == "--replays") {
-      o.d.replays = range_flag(argc, argv, i, "--replays", 5, 101);
+      o.d.replays = range_flag(args, 5, 101);
     } else if (a == "--cpu") {
+      args.no_value();
       o.cpu_only = true;
     } else if (a == "--json") {
+      args.no_value();
       o.json = true;
     } else if (a == "--quiet") {
+      args.no_value();
       o.d.progress = false;
     } else {
       usage_error("unknown option '" + a + "'");

@@ -154,8 +154,47 @@ OpResult check_attn2() {
   return {"attn2", bad == 0, "1 request, L = 40 over shuffled pages, windows 0 and 20: against the formula in double"};
 }
 
+OpResult check_o_proj() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int t = 2, k = 8 * 64;                 // 2 rows of one KV head's 8 query heads
+  const int64_t x_stride = k + 8, out_stride = kOProjOutWidth + 8;  // padded rows: left untouched
+  std::vector<uint16_t> x(t * x_stride), w(size_t(kOProjOutWidth) * k);
+  for (auto& v : x) v = reference::float_to_bf16_bits(nd(rng));
+  for (auto& v : w) v = reference::float_to_bf16_bits(0.05f * nd(rng));
+  const uint16_t kUntouched = 0x7fc1;          // a NaN the reference never writes
+  std::vector<uint16_t> out(t * out_stride, kUntouched);
+  reference::o_proj(x.data(), x_stride, t, w.data(), k, out.data(), out_stride);
+  int bad = 0;
+  double worst = 0;
+  for (int tok = 0; tok < t; ++tok) {
+    for (int n = 0; n < kOProjOutWidth; ++n) {  // out[t, n] = sum_k x[t, k] W[n, k], directly
+      double exact = 0, magnitude = 0;
+      for (int c = 0; c < k; ++c) {
+        const double p = double(reference::bf16_bits_to_float(x[tok * x_stride + c])) *
+                         reference::bf16_bits_to_float(w[size_t(n) * k + c]);
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      // One rounding to bf16 (half an ulp: 2^-9 of the value, at most 2^-8 of
+      // it) after an fp32 sum of k products (k * 2^-24 of their magnitudes).
+      const double got = reference::bf16_bits_to_float(out[tok * out_stride + n]);
+      const double err = std::fabs(got - exact), tol = std::ldexp(std::fabs(exact), -8) + std::ldexp(magnitude * k, -23);
+      bad += !(err <= tol);
+      worst = std::max(worst, err / tol);
+    }
+    for (int64_t c = kOProjOutWidth; c < out_stride; ++c) bad += out[tok * out_stride + c] != kUntouched;
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "%d rows, K = %d, 8192 outputs: the fp32 sum rounded once to bf16 against the formula in double "
+                "(largest error %.2f of its bound), row padding untouched",
+                t, k, worst);
+  return {"o_proj", bad == 0, buf};
+}
+
 }  // namespace
 
-std::vector<OpResult> run_cpu() { return {check_qkv_front(), check_attn2(), check_route()}; }
+std::vector<OpResult> run_cpu() { return {check_qkv_front(), check_attn2(), check_o_proj(), check_route()}; }
 
 }  // namespace muse_decode::tool

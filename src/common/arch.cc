@@ -5,6 +5,7 @@
 #include <string>
 
 #include "checks.h"
+#include "no_device.h"
 
 #ifdef MUSE_DECODE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -46,6 +47,22 @@ std::string unavailable(const std::string& kernel) {
   detail::fail_expected("kernel", detail::cat("one of ", known), detail::cat("'", kernel, "'"));
 }
 
+namespace detail {
+namespace {
+std::string cuda_version(int v) { return cat(v / 1000, ".", v % 1000 / 10); }
+}  // namespace
+
+std::string no_device_reason(int driver_version, int runtime_version, bool driver_too_old,
+                             const std::string& runtime_error) {
+  if (driver_version == 0) return "no CUDA device (no NVIDIA driver found: the CUDA runtime could not load libcuda.so.1)";
+  if (driver_too_old && driver_version > 0)
+    return cat("no CUDA device (the NVIDIA driver supports CUDA ", cuda_version(driver_version), ", older than the CUDA ",
+               cuda_version(runtime_version), " runtime this library is built with: update the driver)");
+  if (runtime_error.empty()) return "no CUDA device";
+  return cat("no CUDA device (", runtime_error, ")");
+}
+}  // namespace detail
+
 namespace {
 // -1 names the current device; other negative numbers name none.
 void require_device_ordinal(int device) {
@@ -62,7 +79,13 @@ bool visible_device(int& device, std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    if (why) *why = err == cudaSuccess ? "no CUDA device" : std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+    if (why) {
+      int driver = 0, runtime = 0;
+      if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = -1;  // unknown: not "none found"
+      cudaRuntimeGetVersion(&runtime);
+      *why = detail::no_device_reason(driver, runtime, err == cudaErrorInsufficientDriver,
+                                      err == cudaSuccess ? "" : cudaGetErrorString(err));
+    }
     return false;
   }
   device = detail::resolve_device(device);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "check_util.h"
+#include "common/no_device.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/qkv_front.h"
@@ -42,6 +43,28 @@ TEST(Arch, DeviceQueriesRefuseANegativeOrdinal) {
   EXPECT_NO_THROW(md::gpu_family(-1));
   EXPECT_NO_THROW(md::describe_device(-1));
   EXPECT_NO_THROW(md::sm_count(-1));
+}
+
+// No driver at all, a driver older than the runtime and a machine without a
+// GPU each get their own words; the runtime gives the same error for the
+// first two.
+TEST(Arch, NoDeviceReasonsPointAtTheFix) {
+  const std::string insufficient = "CUDA driver version is insufficient for CUDA runtime version";
+  const std::string none = md::detail::no_device_reason(0, 13000, true, insufficient);
+  const std::string old = md::detail::no_device_reason(12040, 13000, true, insufficient);
+  EXPECT_EQ(none, "no CUDA device (no NVIDIA driver found: the CUDA runtime could not load libcuda.so.1)");
+  EXPECT_EQ(old,
+            "no CUDA device (the NVIDIA driver supports CUDA 12.4, older than the CUDA 13.0 runtime this library is "
+            "built with: update the driver)");
+  EXPECT_EQ(none.find("insufficient"), std::string::npos) << none;
+  EXPECT_EQ(old.find("no NVIDIA driver"), std::string::npos) << old;
+  EXPECT_NE(md::detail::no_device_reason(12080, 13010, true, insufficient).find("CUDA 12.8, older than the CUDA 13.1 "),
+            std::string::npos);
+  // A driver without a GPU, and errors the reason has no words of its own for.
+  EXPECT_EQ(md::detail::no_device_reason(13000, 13000, false, "no CUDA-capable device is detected"),
+            "no CUDA device (no CUDA-capable device is detected)");
+  EXPECT_EQ(md::detail::no_device_reason(13000, 13000, false, ""), "no CUDA device");
+  EXPECT_EQ(md::detail::no_device_reason(-1, 13000, true, insufficient), "no CUDA device (" + insufficient + ")");
 }
 
 TEST(Arch, Families) {

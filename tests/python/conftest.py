@@ -16,7 +16,7 @@ def gpu_skip_reason():
     import muse_decode
 
     if not torch.cuda.is_available():
-        return "needs a CUDA GPU (torch sees none)"
+        return f"needs a CUDA GPU, torch sees none: {muse_decode._C.describe_device()}"
     if not muse_decode.supported_gpu():
         return f"needs an SM90 or SM100 GPU, this one is {muse_decode._C.describe_device()}"
     return None

@@ -467,3 +467,24 @@ def test_bound_ops_check_their_tensors_then_prepare_their_device():
     with pytest.raises(ValueError) as e:
         md.Attn2(cache, None, 2048, 0, 1)
     assert str(e.value) == prepare_text("attn2")
+
+
+def test_without_a_driver_every_prepare_says_no_driver_was_found():
+    """On a machine with no NVIDIA driver at all (libcuda.so.1 does not load)
+    a CUDA build's reason names the missing driver, where the CUDA runtime's
+    own error would say the driver is too old."""
+    import ctypes
+
+    if not md._C.built_with_cuda():
+        pytest.skip("this build has no CUDA kernels, so it never looks for a driver")
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has an NVIDIA driver (libcuda.so.1 loads)")
+    except OSError:
+        pass
+    found = "no CUDA device (no NVIDIA driver found: the CUDA runtime could not load libcuda.so.1)"
+    assert md._C.describe_device() == found
+    for op in ["route", "attn2", "qkv_front", "o_proj"]:
+        with pytest.raises(ValueError) as e:
+            getattr(md, "prepare_" + op)()
+        assert str(e.value) == f"{op} runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: {found}"
