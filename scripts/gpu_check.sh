@@ -51,9 +51,11 @@ mkdir -p "$BUILD"
 python_ext=ON targets=()
 [ "${SANITIZE:-0}" = 1 ] && python_ext=OFF targets=(--target muse_decode_gpu_tests sanitizer_patterns)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS="$ARCHS" \
-  -DMUSE_DECODE_PYTHON=$python_ext -DPython_EXECUTABLE="$(command -v "$PY")" "${gtest_args[@]}" >"$BUILD/configure.log" 2>&1 \
+  -DMUSE_DECODE_BENCHES=ON -DMUSE_DECODE_WARN_SPILLS=ON -DMUSE_DECODE_PYTHON=$python_ext -DPython_EXECUTABLE="$(command -v "$PY")" "${gtest_args[@]}" >"$BUILD/configure.log" 2>&1 \
   || { cat "$BUILD/configure.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}" 2>&1 | grep -Ev '^\[[0-9]+/[0-9]+\]' ; test "${PIPESTATUS[0]}" = 0 || exit 1
+cmake --build "$BUILD" -j "$(nproc)" "${targets[@]}" 2>&1 | tee "$BUILD/build.log" | grep -Ev '^\[[0-9]+/[0-9]+\]'
+test "${PIPESTATUS[0]}" = 0 || exit 1
+scripts/check_spills.sh "$BUILD/build.log" || status=1
 
 if [ "${SANITIZE:-0}" = 1 ]; then
   step "compute-sanitizer: memcheck, racecheck, synccheck, initcheck"

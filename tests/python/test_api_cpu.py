@@ -488,3 +488,19 @@ def test_without_a_driver_every_prepare_says_no_driver_was_found():
         with pytest.raises(ValueError) as e:
             getattr(md, "prepare_" + op)()
         assert str(e.value) == f"{op} runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: {found}"
+
+
+def test_the_package_summary_names_every_op():
+    """pyproject.toml's description (pip show's summary) names each op the
+    library has, as unavailable()'s refusal of an unknown name lists them."""
+    import pathlib
+    import re
+
+    with pytest.raises(ValueError) as e:
+        md.unavailable("?")
+    ops = re.fullmatch(r"kernel must be one of (.*), got '\?'", str(e.value)).group(1).split(", ")
+    assert len(ops) >= 4, ops
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    description = re.search(r'^description = "(.*)"$', pyproject.read_text(), re.M).group(1)
+    for op in ops:
+        assert re.search(rf"\b{op}\b", description), (op, description)
