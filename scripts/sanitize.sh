@@ -42,7 +42,7 @@ LOGS="$BUILD/sanitize"
 die() { echo "sanitize: $*" >&2; exit 1; }
 [ -x "$CS" ] || die "no compute-sanitizer (not on PATH, nor $CS)"
 [ -x "$TESTS" ] || die "$TESTS is not built"
-[ -x "$PATTERNS" ] || die "$PATTERNS is not built"
+[ -x "$PATTERNS" ] || die "$PATTERNS is not built (it is a micro-benchmark: configure with -DMUSE_DECODE_BENCHES=ON)"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 "$CS" --version | tail -1
 help=$("$CS" --help 2>&1)
