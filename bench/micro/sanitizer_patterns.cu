@@ -73,9 +73,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../../src/attn2/merge.cuh"
-#include "launch.cuh"
-#include "ptx.cuh"
+#include "attn2/merge.cuh"
+#include "common/launch.cuh"
+#include "common/ptx.cuh"
 
 namespace ptx = muse_decode::ptx;
 namespace a2 = muse_decode::attn2_impl;

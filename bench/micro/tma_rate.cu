@@ -39,7 +39,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "ptx.cuh"
+#include "common/ptx.cuh"
 #include "page_hash.cuh"
 
 namespace ptx = muse_decode::ptx;

@@ -24,13 +24,12 @@
 #include "../common/ptx.cuh"
 #include "../common/tensor_map_cache.h"
 #include "../common/trace.cuh"
-#include "attn2_kernels.h"
 #include "config.cuh"
 #include "epilogue.cuh"
 #include "mainloop_mma.cuh"
 #include "mainloop_sm90.cuh"
 #include "merge.cuh"
-#include "muse_decode/attn2.h"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -50,7 +49,7 @@ namespace {
 // max_model_len 2048; the split kernel's counterpart measured within noise).
 template <int kCluster, bool kOneSlice, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
+    attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Params p) {
   using Mainloop =
       std::conditional_t<kWgmma, MainloopSm90<kCluster, kOneSlice, kWindow>, MainloopMma<kCluster, kOneSlice>>;
   using Rows = RowOwner<kCluster>;
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // 128-byte swizzled. The map depends only on (address, pages, KV heads): a
 // layer's cache hits a small per-thread table after its first call (encoding
 // costs host time, and an op has 5 us in all).
-bool kv_map(CUtensorMap* map, const Attn2Params& p) {
+bool kv_map(CUtensorMap* map, const Params& p) {
   const detail::TensorMapKey key{p.kv_cache, {p.num_pages, p.num_kv_heads}};
   return detail::cached_tensor_map<6>(map, key, [&](CUtensorMap* m) {
     const auto encode = detail::encode_tiled_fn();
@@ -207,18 +206,18 @@ bool kv_map(CUtensorMap* map, const Attn2Params& p) {
 // The kernel instances, per cluster size: one slice without a window, one
 // slice (with a window), several slices.
 enum class Variant { kOneSliceNoWindow, kOneSlice, kSplit };
-Variant variant_of(const Attn2Params& p) {
+Variant variant_of(const Params& p) {
   if (p.num_splits > 1) return Variant::kSplit;
   return p.window == 0 ? Variant::kOneSliceNoWindow : Variant::kOneSlice;
 }
 
 template <int kCluster>
-detail::LaunchShape launch_shape(const Attn2Params& p) {
+detail::LaunchShape launch_shape(const Params& p) {
   return {dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads), kDynSmemBytes, kCluster, p.pdl};
 }
 
 template <int kCluster>
-int launch(const Attn2Params& p, cudaStream_t stream) {
+int launch_cluster(const Params& p, cudaStream_t stream) {
   CUtensorMap map;
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape = launch_shape<kCluster>(p);
@@ -267,7 +266,7 @@ int max_active_clusters() {
 }
 
 template <int kCluster>
-int occupancy(int* blocks_per_sm, int* max_clusters) {
+int occupancy_of(int* blocks_per_sm, int* max_clusters) {
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks_per_sm, attn2_kernel<kCluster, false, true>, kThreads, kDynSmemBytes);
   *max_clusters = max_active_clusters<kCluster>();
@@ -275,34 +274,31 @@ int occupancy(int* blocks_per_sm, int* max_clusters) {
 }
 
 }  // namespace
-}  // namespace muse_decode::attn2_impl
 
-namespace muse_decode::detail {
-
-int attn2_launch(const Attn2Params& p, Stream stream) {
+int launch(const Params& p, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   switch (p.cluster_size) {
-    case 8: return attn2_impl::launch<8>(p, s);
-    case 16: return attn2_impl::launch<16>(p, s);
+    case 8: return launch_cluster<8>(p, s);
+    case 16: return launch_cluster<16>(p, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int attn2_set_kernel_attributes(int* short_cluster_size) {
-  cudaError_t err = attn2_impl::set_attributes<8>();
-  if (err == cudaSuccess) err = attn2_impl::set_attributes<16>();
+int set_kernel_attributes(int* short_cluster_size) {
+  cudaError_t err = set_attributes<8>();
+  if (err == cudaSuccess) err = set_attributes<16>();
   if (err != cudaSuccess) return static_cast<int>(err);
   // Clusters of 16 are non-portable: take them only where the GPU can place one.
-  *short_cluster_size = attn2_impl::max_active_clusters<16>() > 0 ? 16 : 8;
+  *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
   return 0;
 }
 
-int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
+int occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   switch (cluster_size) {
-    case 8: return attn2_impl::occupancy<8>(blocks_per_sm, max_clusters);
-    case 16: return attn2_impl::occupancy<16>(blocks_per_sm, max_clusters);
+    case 8: return occupancy_of<8>(blocks_per_sm, max_clusters);
+    case 16: return occupancy_of<16>(blocks_per_sm, max_clusters);
     default: return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::attn2_impl

@@ -17,7 +17,7 @@
 
 #include "../common/ptx.cuh"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -26,7 +26,7 @@ namespace muse_decode::attn2_impl {
 
 template <int kCluster, bool kOneSlice>
 struct MainloopMma {
-  const Attn2Params& p;
+  const Params& p;
   const int32_t* bt = nullptr;  // the request's block table
   uint64_t* full;      // [kStages]: stage s's copies landed
   uint64_t* empty;     // [kStages]: all 8 warps are done with stage s
@@ -43,7 +43,7 @@ struct MainloopMma {
   int64_t page_pitch = 0;    // bytes between pages
   bool bad = false;    // a page id outside the cache
 
-  __device__ __forceinline__ MainloopMma(const CUtensorMap*, const Attn2Params& p_, uint8_t* smem, uint64_t* full_,
+  __device__ __forceinline__ MainloopMma(const CUtensorMap*, const Params& p_, uint8_t* smem, uint64_t* full_,
                                          uint64_t* empty_, int window_, int)
       : p(p_),
         full(full_),

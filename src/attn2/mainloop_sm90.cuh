@@ -21,7 +21,7 @@
 #include "../common/sm90_wgmma.cuh"
 #include "../common/trace.cuh"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -67,7 +67,7 @@ struct MainloopSm90 {
   static constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
 
   const CUtensorMap* map;
-  const Attn2Params& p;
+  const Params& p;
   const int32_t* bt;   // the request's block table
   uint64_t* full;      // [2 kWgStages]: stage s's copies landed (warpgroup kh: stages kh kWgStages ..)
   uint64_t* empty;     // [2 kWgStages]: the warpgroup's 4 warps are done with stage s
@@ -83,7 +83,7 @@ struct MainloopSm90 {
   uint64_t policy = 0;
   bool bad = false;    // a page id outside the cache
 
-  __device__ __forceinline__ MainloopSm90(const CUtensorMap* map_, const Attn2Params& p_, uint8_t* smem,
+  __device__ __forceinline__ MainloopSm90(const CUtensorMap* map_, const Params& p_, uint8_t* smem,
                                           uint64_t* full_, uint64_t* empty_, int window_, int req)
       : map(map_),
         p(p_),

@@ -18,6 +18,7 @@
 
 #include "../common/hardware.h"
 #include "muse_decode/o_proj.h"
+#include "params.h"
 
 // The consumers of a wgmma configuration: wgmma on sm_90a (the H200),
 // mma.sync everywhere else (sm_100a has no wgmma).
@@ -27,7 +28,7 @@
 #define MUSE_O_PROJ_WGMMA 0
 #endif
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 inline constexpr bool kArchWgmma = MUSE_O_PROJ_WGMMA;
 
@@ -148,4 +149,4 @@ enum class Phase : int {
   kExit,        // the output tile written
 };
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

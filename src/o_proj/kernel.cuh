@@ -17,7 +17,7 @@
 #include "mainloop.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 // The kernel's phase stamps (a traced build only). o_proj.cu, this header's
 // one includer, so holds the ring once.
@@ -28,7 +28,7 @@ static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase 
 template <typename Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     o_proj_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                  const OProjParams p) {
+                  const Params p) {
   trace::Recorder<Phase> trace(o_proj_trace());
   trace.tag(gridDim.x);
   // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
@@ -102,7 +102,7 @@ cudaError_t set_smem_limit() {
 }
 
 template <typename Cfg>
-cudaError_t launch_config(const OProjParams& p, cudaStream_t stream) {
+cudaError_t launch_config(const Params& p, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
   if (!make_map(&w_map, p.weight, kOProjOutWidth, p.in_width, p.in_width, Cfg::kRows) ||
       !make_map(&x_map, p.x, p.num_tokens, p.in_width, p.x_stride, Cfg::kTokens))
@@ -112,4 +112,4 @@ cudaError_t launch_config(const OProjParams& p, cudaStream_t stream) {
   return static_cast<cudaError_t>(detail::launch_kernel<o_proj_kernel<Cfg>>(shape, stream, w_map, x_map, p));
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

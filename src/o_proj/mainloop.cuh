@@ -15,7 +15,7 @@
 #include "config.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a box of 128-byte rows
 // written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
@@ -218,4 +218,4 @@ __device__ __forceinline__ void wgmma_blocks(const Rings<Cfg>& r, int blocks, in
   trace.mark(Phase::kLoopDone);
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

@@ -12,9 +12,9 @@
 
 #include "config.cuh"
 #include "kernel.cuh"
-#include "o_proj_kernels.h"
+#include "params.h"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 namespace {
 
 // The configuration of each n-tile count (T <= 8, 16, 32, 64) and K. Every
@@ -59,13 +59,9 @@ using LongNt8 = Config<4, 8, 1, 16, 2, 0, true>;
 constexpr int kLongK = 2048;
 
 }  // namespace
-}  // namespace muse_decode::oproj
 
-namespace muse_decode::detail {
-
-int o_proj_set_kernel_attributes() {
-  using namespace oproj;
-  if (!encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+int set_kernel_attributes() {
+  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
   cudaError_t err = cudaSuccess;
   for (const cudaError_t e : {set_smem_limit<ShortNt1>(), set_smem_limit<ShortNt2>(), set_smem_limit<ShortNt4>(),
                               set_smem_limit<ShortNt8>(), set_smem_limit<LongNt1>(), set_smem_limit<LongNt2>(),
@@ -74,8 +70,7 @@ int o_proj_set_kernel_attributes() {
   return static_cast<int>(err);
 }
 
-int o_proj_launch(const OProjParams& p, Stream stream) {
-  using namespace oproj;
+int launch(const Params& p, Stream stream) {
   // The table has no kernel for other token counts or widths.
   if (p.num_tokens < 1 || p.num_tokens > kOProjMaxTokens || !o_proj_supports_in_width(p.in_width))
     return static_cast<int>(cudaErrorInvalidValue);
@@ -96,4 +91,4 @@ int o_proj_launch(const OProjParams& p, Stream stream) {
   return static_cast<int>(err);
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::o_proj_impl

@@ -18,7 +18,7 @@
 #include "../common/ptx.cuh"
 #include "config.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 __device__ __forceinline__ void sync_consumers() {
   ptx::named_barrier_sync<OProjBarrier::kConsumers, kConsumerThreads>();
@@ -94,4 +94,4 @@ __device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap
   stream_blocks(r.x, x_map, 0, blocks);
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

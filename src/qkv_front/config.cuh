@@ -15,9 +15,9 @@
 
 #include "../common/hardware.h"
 #include "muse_decode/constants.h"
-#include "muse_decode/qkv_front.h"
+#include "params.h"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
@@ -156,4 +156,4 @@ enum class Phase : int {
   kExit,        // partials pushed (cluster ranks > 0) or the epilogue written
 };
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

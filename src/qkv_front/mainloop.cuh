@@ -13,7 +13,7 @@
 #include "config.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows
 // written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
@@ -115,4 +115,4 @@ __device__ __forceinline__ void mma_blocks(Chains<NT, kChains>& chains, const Ri
   }
 }
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

@@ -16,7 +16,7 @@
 #include "../common/ptx.cuh"
 #include "config.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // The consumer warps' barrier (the producer and staging warps never join).
 __device__ __forceinline__ void sync_consumers() {
@@ -101,4 +101,4 @@ __device__ __forceinline__ void produce(const Ring<S, kStageBytes>& ring, const 
   }
 }
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

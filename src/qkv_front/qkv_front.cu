@@ -10,7 +10,7 @@
 // (merge.cuh), and its owner runs the epilogue (epilogue.cuh). Which CTA
 // streams which blocks: schedule.cuh; the shapes and constants: config.cuh.
 //
-// Two kernels, chosen per KV-head count (front::path_for):
+// Two kernels, chosen per KV-head count (path_for):
 // - Cluster kernel (2 KV heads, TP8: 36 heads): a thread-block cluster of 3
 //   CTAs per head (108 CTAs, one wave), each CTA one slice of K, merged
 //   through distributed shared memory by the head's owner. It takes the whole
@@ -35,10 +35,10 @@
 #include "mainloop.cuh"
 #include "merge.cuh"
 #include "pipeline.cuh"
-#include "qkv_front_kernels.h"
+#include "params.h"
 #include "schedule.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 MUSE_DECODE_TRACE_RING(qkv_front_trace)
 static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase has a stamp word");
@@ -50,7 +50,7 @@ namespace {
 template <int NT>
 __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
     qkv_front_streamk_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                             const QkvFrontParams p) {
+                             const Params p) {
   using L = StreamKLayout;
   trace::Recorder<Phase> trace(qkv_front_trace());
   trace.tag(gridDim.x);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
 template <int NT>
 __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                             const QkvFrontParams p) {
+                             const Params p) {
   using L = ClusterLayout<NT>;
   using Split = ClusterSplit<NT>;
   trace::Recorder<Phase> trace(qkv_front_trace());
@@ -233,13 +233,13 @@ bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stri
 // W in boxes of one head's 64 rows, x in boxes of NT * 8 token rows (the
 // rows past T zero-filled).
 template <int NT>
-bool make_maps(const QkvFrontParams& p, CUtensorMap* w_map, CUtensorMap* x_map) {
+bool make_maps(const Params& p, CUtensorMap* w_map, CUtensorMap* x_map) {
   return make_map(w_map, p.weight, qkv_width(p.num_kv_heads), kHiddenSize, kFrontTileRows) &&
          make_map(x_map, p.x, p.num_tokens, p.x_stride, NT * 8);
 }
 
 template <int NT>
-cudaError_t launch_streamk(const QkvFrontParams& p, cudaStream_t stream) {
+cudaError_t launch_streamk(const Params& p, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
   if (!make_maps<NT>(p, &w_map, &x_map)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape{dim3(p.num_ctas), dim3(kThreads), StreamKLayout::kSmemBytes, 0, p.pdl};
@@ -248,7 +248,7 @@ cudaError_t launch_streamk(const QkvFrontParams& p, cudaStream_t stream) {
 }
 
 template <int NT>
-cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
+cudaError_t launch_cluster(const Params& p, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
   if (!make_maps<NT>(p, &w_map, &x_map)) return cudaErrorInvalidValue;
   const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
@@ -276,13 +276,9 @@ Path path_for(int num_kv_heads) {
 }
 
 }  // namespace
-}  // namespace muse_decode::front
 
-namespace muse_decode::detail {
-
-int qkv_front_set_kernel_attributes() {
-  using namespace front;
-  if (!encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+int set_kernel_attributes() {
+  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
   cudaError_t err = set_smem_limit<qkv_front_streamk_kernel<1>>(StreamKLayout::kSmemBytes);
   if (err == cudaSuccess) err = set_smem_limit<qkv_front_streamk_kernel<2>>(StreamKLayout::kSmemBytes);
   if (err == cudaSuccess) err = set_smem_limit<qkv_front_cluster_kernel<1>>(ClusterLayout<1>::kSmemBytes);
@@ -290,8 +286,7 @@ int qkv_front_set_kernel_attributes() {
   return static_cast<int>(err);
 }
 
-int qkv_front_launch(const QkvFrontParams& p, Stream stream) {
-  using namespace front;
+int launch(const Params& p, Stream stream) {
   // The table has no kernel for other token counts, and stream-K needs its workspace.
   if (p.num_tokens < 1 || p.num_tokens > kFrontMaxTokens || p.num_ctas < 1 || p.workspace == nullptr)
     return static_cast<int>(cudaErrorInvalidValue);
@@ -307,4 +302,4 @@ int qkv_front_launch(const QkvFrontParams& p, Stream stream) {
   return static_cast<int>(err);
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::qkv_front_impl

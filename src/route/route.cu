@@ -22,9 +22,10 @@
 
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
-#include "route_kernels.h"
+#include "muse_decode/route.h"  // the metadata layout of the contract
+#include "params.h"
 
-namespace muse_decode {
+namespace muse_decode::route_impl {
 namespace {
 
 constexpr int kThreads = 256;
@@ -61,7 +62,7 @@ __device__ __forceinline__ uint32_t in_cta0(const void* p) { return ptx::map_to_
 constexpr uint32_t kPublishBytes = kTopK * 3 * 4;  // per token
 
 template <bool kMetadata>
-__global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p) {
+__global__ void __launch_bounds__(kThreads, 1) route_kernel(const Params p) {
   __shared__ float s_score[kNumExperts];           // this token's scores, by expert
   __shared__ uint64_t s_final[kFinalists];         // each warp's top 8
   __shared__ int s_slot_id[kTopK];                 // this token's ids, slot order
@@ -246,15 +247,13 @@ __global__ void __launch_bounds__(kThreads, 1) route_kernel(const RouteParams p)
 
 }  // namespace
 
-namespace detail {
-
-int route_launch(const RouteParams& p, Stream stream) {
+int launch(const Params& p, Stream stream) {
   // With metadata the whole grid is one cluster.
-  static_assert(kRouteMaxTokens <= kPortableClusterSize, "a CTA per token in one portable cluster");
-  const LaunchShape shape{dim3(p.num_tokens), dim3(kThreads), 0, p.metadata ? p.num_tokens : 0, p.pdl};
+  static_assert(kRouteMaxTokens <= detail::kPortableClusterSize, "a CTA per token in one portable cluster");
+  const detail::LaunchShape shape{dim3(p.num_tokens), dim3(kThreads), 0, p.metadata ? p.num_tokens : 0, p.pdl};
   const auto s = reinterpret_cast<cudaStream_t>(stream);
-  return p.metadata ? launch_kernel<route_kernel<true>>(shape, s, p) : launch_kernel<route_kernel<false>>(shape, s, p);
+  return p.metadata ? detail::launch_kernel<route_kernel<true>>(shape, s, p)
+                    : detail::launch_kernel<route_kernel<false>>(shape, s, p);
 }
 
-}  // namespace detail
-}  // namespace muse_decode
+}  // namespace muse_decode::route_impl

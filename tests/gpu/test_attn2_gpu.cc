@@ -24,6 +24,7 @@
 #include "muse_decode/attn2.h"
 #include "muse_decode/constants.h"
 #include "muse_decode/reference/attn2.h"
+#include "attn2/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -513,8 +514,8 @@ TEST_F(Attn2Gpu, ProgrammaticDependentLaunch) {
   s.check(s.run(/*pdl=*/true));
 }
 
-// The bound form (Attn2) and the unchecked launch of check_attn2's params
-// (with the cluster size the GPU places) write the bits the op writes.
+// The bound form (Attn2) and the unchecked launch of the params of the
+// device's residency write the bits the op writes.
 TEST_F(Attn2Gpu, BoundFormAndUncheckedLaunchMatchTheOp) {
   for (int mml : {131072, 2048}) {
     SCOPED_TRACE(::testing::Message() << "max_model_len " << mml);
@@ -527,10 +528,9 @@ TEST_F(Attn2Gpu, BoundFormAndUncheckedLaunchMatchTheOp) {
     bound(a.q, a.gate, a.block_table, a.seq_lens, a.out, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(p.d_out->download(), first) << "the bound form's bits differ";
-    md::Attn2Params prm = md::check_attn2(a);
-    if (prm.cluster_size == 16) prm.cluster_size = md::attn2_residency().short_cluster_size;
+    const md::attn2_impl::Params prm = md::attn2_impl::params_of(a, md::attn2_residency());
     p.poison();
-    CUDA_OK(static_cast<cudaError_t>(md::launch(prm, nullptr)));
+    CUDA_OK(static_cast<cudaError_t>(md::attn2_impl::launch(prm, nullptr)));
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(p.d_out->download(), first) << "the unchecked launch's bits differ";
     EXPECT_EQ(p.workspace_left_dirty(), 0);
