@@ -16,21 +16,13 @@
 
 #include <cstdint>
 
+#include "../common/arch_features.cuh"
 #include "../common/hardware.h"
+#include "../common/swizzle.cuh"
 #include "muse_decode/o_proj.h"
 #include "params.h"
 
-// The consumers of a wgmma configuration: wgmma on sm_90a (the H200),
-// mma.sync everywhere else (sm_100a has no wgmma).
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MUSE_O_PROJ_WGMMA 1
-#else
-#define MUSE_O_PROJ_WGMMA 0
-#endif
-
 namespace muse_decode::o_proj_impl {
-
-inline constexpr bool kArchWgmma = MUSE_O_PROJ_WGMMA;
 
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
@@ -49,7 +41,7 @@ inline constexpr int kBlockK = 64;               // 64 bf16 = 128 bytes per row
 inline constexpr int kKSteps = kBlockK / 16;     // mma k-steps per block
 inline constexpr int kRowBytes = kBlockK * 2;    // a block row: the 128-byte swizzle span
 inline constexpr int kMaxBlocks = 8192 / kBlockK;  // K = 8192 (TP1)
-static_assert(kRowBytes == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kRowBytes == swizzle::kRowBytes, "a block row is 128 bytes: the 128-byte TMA swizzle span");
 static_assert(o_proj_in_width(1) % kBlockK == 0, "every supported K splits into whole blocks");
 
 // n-tiles of 8 tokens a call of T tokens takes (1, 2, 4 or 8): the token
@@ -82,7 +74,7 @@ struct Config {
   static constexpr int NT = NT_;
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kWStages = kWStages_;
-  static constexpr bool kWgmma = kWgmma_ && kArchWgmma;  // in this compilation
+  static constexpr bool kWgmma = kWgmma_ && arch::kHasWgmma;  // in this compilation: wgmma on sm_90a, mma.sync elsewhere
   static constexpr int kMTilesPerWarp = kWgmma ? 1 : kMTilesPerWarp_;
   static constexpr int kHeldBlocks = kHeldBlocks_;
 
@@ -129,7 +121,8 @@ struct Config {
   static_assert(kHeldBlocks >= 0 && kHeldBlocks <= kWStages, "the blocks held in registers are the first ring's");
   static_assert(!kWgmma_ || (kRowTiles == 4 && kHeldBlocks == 0 && (NT == 1 || NT == 4 || NT == 8)),
                 "a wgmma configuration: one 64-row warpgroup tile, no held blocks, N = 8, 32 or 64 tokens");
-  static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "128-byte swizzled boxes start on 1024 bytes");
+  static_assert(kWBytes % swizzle::kAtomBytes == 0 && kXBytes % swizzle::kAtomBytes == 0,
+                "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");
   static_assert(kOutTileOffset + kOutTileBytes <= kBarrierOffset,

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "../common/hardware.h"
+#include "../common/swizzle.cuh"
 #include "muse_decode/constants.h"
 #include "params.h"
 
@@ -42,8 +43,8 @@ template <int NT>
 inline constexpr uint32_t kStageCopyBytes = kWBytes + NT * 8 * kFrontBlockK * 2;
 
 static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
-static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
-static_assert(kWBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+static_assert(kFrontBlockK * 2 == swizzle::kRowBytes, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kWBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
 static_assert(kHiddenSize % kFrontBlockK == 0, "K splits into whole blocks");
 static_assert(kHeadDim == 64 && kFrontTileRows == kHeadDim,
               "a tile is one head, and the epilogue maps lane l to the pair (2l, 2l+1)");
@@ -83,9 +84,9 @@ struct StreamKLayout {
   static constexpr int kSlotOffset = kRopeOffset + kFrontMaxTokens * kHeadDim * 4;
   static constexpr int kBarrierOffset = kSlotOffset + kFrontMaxTokens * 8;
   // full and empty per stage, staged, then the CTA's "last to arrive" flag.
-  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
+  static constexpr int kSmemBytes = swizzle::kAtomBytes /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
 
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+  static_assert(kStageBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
   static_assert(kEarlyStages >= 1 && kEarlyStages <= kStages, "the stages issued early are stages of the ring");
   static_assert(kSmemBytes <= detail::smem_budget_per_cta(kCtasPerSm),
                 "two CTAs per SM: the next launch starts beside this one");
@@ -138,7 +139,7 @@ struct ClusterLayout {
 
   static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 tokens");
   static_assert(kStageBytes == kStageCopyBytes<NT>, "a stage holds exactly its copies");
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+  static_assert(kStageBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
   static_assert(kTokens * kYStride * 4 <= kMergeBytes, "the epilogue tile fits in the merge slots");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");
   static_assert(kStages >= 8, "at least 64 KB of weight in flight per CTA");
