@@ -82,9 +82,9 @@ inline constexpr int kSlicePages = 8;
 // passes of whole tiles in pieces of 8 (schedule.cuh).
 inline constexpr int kTailPages = 2;
 // The grid's last cluster, placed last under PDL (schedule.cuh): kLateTiles
-// fewer tiles per warpgroup from kLateMinRounds round-robin rounds on. TP8
-// 128k 22.28-22.45 us against 22.75-22.97 with 1 fewer, 22.40-22.90 with 3,
-// 23.61-23.80 with none.
+// fewer tiles per warpgroup from kLateMinRounds round-robin rounds on (TP8
+// 128k 22.28-22.45 us against 23.61-23.80 with none; docs/attn2.md has 1
+// and 3).
 inline constexpr int kLateTiles = 2;
 inline constexpr int kLateMinRounds = 4;
 

@@ -20,6 +20,7 @@
 #include "../common/swizzle.cuh"
 #include "config.cuh"
 #include "mainloop.cuh"
+#include "page_ids.cuh"
 #include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
@@ -41,8 +42,7 @@ struct MainloopMma {
   int slice_id = 0, kvh = 0;  // this cluster's slice and KV head
   KeyRange k{};
   GroupSchedule g{};
-  int ids0 = -1;       // (lanes 0-7 of warp 0) the pages of this CTA's first group
-  int ids = -1, ids_next = -1;
+  PageIds<kGroupPages> ids;  // (warp 0) the pages of this CTA's groups, a batch of 4 ahead
   uint64_t policy = 0;
   const char* kv = nullptr;  // this KV head's slot of page 0
   int64_t page_pitch = 0;    // bytes between pages
@@ -92,7 +92,7 @@ struct MainloopMma {
     // with it (one global latency saved).
     if (warp == 0 && window == 0 && lane < kGroupPages) {
       const int pi = (split * kCluster + rank) * kGroupPages + lane;
-      if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
+      if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids.first = bt[pi];  // in the table, maybe past L
     }
     const int len = p.seq_lens[req];
     trace.mark_after(Phase::kLength, len);
@@ -106,8 +106,7 @@ struct MainloopMma {
 
   __device__ __forceinline__ void publish_q() const {}
 
-  // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
-  // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous one is used.
+  // The page ids of this CTA's groups b .. b + 3 (page_ids.cuh): lane -> group b + lane / 8, slot lane % 8.
   __device__ __forceinline__ int load_batch(int b) const {
     const int it2 = b + lane / 8;
     const int pi = k.first_page + g.group(it2) * kGroupPages + lane % 8;
@@ -116,16 +115,7 @@ struct MainloopMma {
   // Group j (this CTA's j-th) as fill j of the ring, whose stage is free.
   __device__ __forceinline__ void issue(int j) {
     const Position at = Position::of(j);
-    int id;
-    if (j == 0) {
-      id = ids0;
-    } else {
-      if (((j - 1) & 3) == 0) {
-        ids = ids_next;
-        ids_next = load_batch(j + 4);
-      }
-      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) & 3) * 8 + (lane & 7));
-    }
+    const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const bool want = lane < kGroupPages && k.first_page + g.group(j) * kGroupPages + lane <= k.last_page;
     const bool ok = want && id >= 0 && id < p.num_pages;
     bad |= want && !ok;
@@ -144,8 +134,8 @@ struct MainloopMma {
     page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
     if (warp != 0) return;
     if (window != 0 && lane < kGroupPages && g.my_groups > 0 && k.first_page + g.me * kGroupPages + lane <= k.last_page)
-      ids0 = bt[k.first_page + g.me * kGroupPages + lane];
-    ids_next = load_batch(1);
+      ids.first = bt[k.first_page + g.me * kGroupPages + lane];
+    ids.next = load_batch(1);
     for (int j = 0; j < min(kStages, g.my_groups); ++j) issue(j);
   }
 

@@ -24,6 +24,7 @@
 #include "../common/trace.cuh"
 #include "config.cuh"
 #include "mainloop.cuh"
+#include "page_ids.cuh"
 #include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
@@ -66,7 +67,6 @@ struct MainloopSm90 {
   static constexpr bool kLaterMax = !kOneSlice;
   // Tile 0's slots may lie below the window's first page (the odd tile).
   static constexpr bool kHeadTiles = kOneSlice && kWindow;
-  static constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
   // Each warpgroup's own ring: its kWgStages stages (K then V of a tile)
   // and their barriers, its warp 0 the producer, its 4 warps the consumers.
   using Ring = pipeline::Ring<kWgStages, kWgStageBytes, pipeline::Wait::kSpin>;
@@ -81,8 +81,7 @@ struct MainloopSm90 {
   Ring ring;           // this warpgroup's: stages kh kWgStages .., warpgroup 1's after warpgroup 0's
   KeyRange k{};
   TileSchedule s{};
-  int ids0 = -1;       // (lanes 0-3 of warp 0 of the warpgroup) the pages of its first tile
-  int ids = -1, ids_next = -1;  // the pages of the current and next batch of kBatchTiles tiles
+  PageIds<kTilePages> ids;  // (warp 0 of the warpgroup) the pages of its tiles, a batch of 8 ahead
   int issued = 0;      // tiles issued; -1: tile 0's older pages only
   int first_fills = 0; // the ring's first round: min(kWgStages, my_tiles) tiles
   uint64_t policy = 0;
@@ -158,15 +157,15 @@ struct MainloopSm90 {
     // place in launch order and for its interleaved place (whether the
     // interleave applies depends on L, which slice it is does not; TP8 128k:
     // the first copies 0.5 us sooner).
-    ids0 = first_tile_ids(2 * (split * kCluster + rank) + kh);
-    const int ids0_il = !kOneSlice && d.one_request && d.num_splits > 1
+    ids.first = first_tile_ids(2 * (split * kCluster + rank) + kh);
+    const int first_il = !kOneSlice && d.one_request && d.num_splits > 1
                             ? first_tile_ids(2 * (interleaved_split(head_y, split, d) * kCluster + rank) + kh)
                             : -1;
     const int len = p.seq_lens[req];
     trace.mark_after(Phase::kLength, len);
     k = key_range(len, window, p.max_model_len);
     s = tile_schedule<kCluster, kOneSlice, kWindow>(d, k, split, head_y, rank, kh, req);
-    if (s.interleaved) ids0 = ids0_il;
+    if (s.interleaved) ids.first = first_il;
     if (s.leaves()) return false;
     if (s.early_push) {
       ptx::cluster_arrive_relaxed();  // (see the kernel: the receive area may be written)
@@ -208,16 +207,7 @@ struct MainloopSm90 {
   // Tile j (this warpgroup's j-th) as fill j of its ring, whose stage is free.
   __device__ __forceinline__ void issue(int j) {
     const Position at = Position::of(j);
-    int id;
-    if (j == 0) {
-      id = ids0;
-    } else {
-      if ((j - 1) % kBatchTiles == 0) {
-        ids = ids_next;
-        ids_next = load_batch(j + kBatchTiles);
-      }
-      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) % kBatchTiles) * kTilePages + lane % kTilePages);
-    }
+    const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const int pi = s.first_page_of(j) + lane;
     const bool want = lane < kTilePages && pi <= k.last_page && (!kHeadTiles || pi >= k.first_page);
     const bool ok = want && id >= 0 && id < p.num_pages;
@@ -236,22 +226,22 @@ struct MainloopSm90 {
     first_fills = min(kWgStages, s.my_tiles);
     policy = ptx::evict_first_policy();
     if (rw != 0) return;
-    // (Without a window ids0 already holds the first tile's ids, loaded
+    // (Without a window ids.first already holds the first tile's ids, loaded
     // before L, unless the warpgroup takes pairs.)
-    if ((window != 0 || s.r_two > 0) && lane < kTilePages && s.my_tiles > 0 &&
+    if ((window != 0 || s.paired_wgs > 0) && lane < kTilePages && s.my_tiles > 0 &&
         s.first_page_of(0) + lane <= k.last_page)
-      ids0 = bt[s.first_page_of(0) + lane];
-    ids_next = load_batch(1);
-    trace.mark_after(Phase::kFirstIds, ids0);
-    const int early = s.r_two > 0 || s.has_piece ? 2 : kEarlyTiles;
+      ids.first = bt[s.first_page_of(0) + lane];
+    ids.next = load_batch(1);
+    trace.mark_after(Phase::kFirstIds, ids.first);
+    const int early = s.paired_wgs > 0 || s.has_piece ? 2 : kEarlyTiles;
     while (issued < min(first_fills, early) && s.first_page_of(issued) + kTilePages - 1 < k.first_new_page) issue(issued++);
     if (issued == 0 && first_fills > 0 && early > 0 && s.first_page_of(0) < k.first_new_page) {
       const int pi = s.first_page_of(0) + lane;
       const bool want = lane < kTilePages && pi <= k.last_page;
-      const bool ok = want && ids0 >= 0 && ids0 < p.num_pages;
+      const bool ok = want && ids.first >= 0 && ids.first < p.num_pages;
       bad |= want && !ok;
       arm_stage(Position::of(0), ok);
-      if (ok && pi < k.first_new_page) copy_page(Position::of(0), ids0, s.kv_head);
+      if (ok && pi < k.first_new_page) copy_page(Position::of(0), ids.first, s.kv_head);
       issued = -1;
     }
     trace.mark(Phase::kEarlyIssued);
@@ -262,8 +252,9 @@ struct MainloopSm90 {
     if (rw != 0) return;
     if (issued < 0) {  // tile 0's pages with this step's keys
       const int pi = s.first_page_of(0) + lane;
-      if (lane < kTilePages && pi <= k.last_page && pi >= k.first_new_page && ids0 >= 0 && ids0 < p.num_pages)
-        copy_page(Position::of(0), ids0, s.kv_head);
+      if (lane < kTilePages && pi <= k.last_page && pi >= k.first_new_page && ids.first >= 0 &&
+          ids.first < p.num_pages)
+        copy_page(Position::of(0), ids.first, s.kv_head);
       issued = 1;
     }
     while (issued < first_fills) issue(issued++);

@@ -55,9 +55,8 @@ static_assert(kFrontMaxTokens == 16, "at most two n-tiles of 8 tokens");
 // alternate over kChains independent accumulators (k-step ks into chain
 // ks % kChains, summed in a fixed order after the loop), so a stage costs one
 // load latency and a short MMA chain. The cluster kernel takes 2 (H200, TP8
-// T = 16: 11.45 us against 11.84 with one chain and the loads interleaved,
-// 11.65 with 4 chains); the stream-K kernel keeps 1 (2 cost TP1 2 us at
-// T = 16: 77.1 against 75.4).
+// T = 16: 11.45 us against 11.84 with one), the stream-K kernel 1 (2 cost
+// TP1 2 us at T = 16); docs/qkv_front.md has the designs set aside.
 inline constexpr int kClusterChains = 2;
 inline constexpr int kStreamKChains = 1;
 static_assert(kKSteps % kClusterChains == 0 && kKSteps % kStreamKChains == 0,
@@ -71,10 +70,9 @@ static_assert(kKSteps % kClusterChains == 0 && kKSteps % kStreamKChains == 0,
 // and slots, and the barriers; 1 KB of slack aligns the ring at run time.
 struct StreamKLayout {
   static constexpr int kCtasPerSm = 2;
-  // 8 stages ran the same within 1-2% (H200).
   static constexpr int kStages = 10;
   // Stages issued before griddepcontrol.wait: all (TP1 0.3-0.5 us faster
-  // than 6 or 4).
+  // than 6).
   static constexpr int kEarlyStages = kStages;
   static constexpr int kXBytes = kFrontMaxTokens * kFrontBlockK * 2;  // x box: 8 or 16 token rows
   static constexpr int kStageBytes = kWBytes + kXBytes;
@@ -95,17 +93,15 @@ static_assert(kFrontPartialBytes == kConsumerThreads * 2 * 16, "a workspace part
 
 // ---- cluster kernel (2 KV heads: TP8) ------------------------------------------------
 // One cluster of kClusterCtas CTAs per head, each streaming one slice of K:
-// 36 heads x 3 = 108 CTAs at TP8, one wave (H200, T = 1: C = 2, 72 CTAs,
-// 13.9 us against 10.7; C = 4, 144 CTAs, 11.6 against 10.3).
+// 36 heads x 3 = 108 CTAs at TP8, one wave (H200, T = 1: 10.3 us against
+// 11.6 with clusters of 4, which do not fit in one wave).
 inline constexpr int kClusterCtas = 3;
 static_assert(kClusterCtas >= 2 && kClusterCtas <= detail::kPortableClusterSize,
               "a head's partials merge over a portable cluster of two or more CTAs");
 
-// CTAs per SM by n-tile count (H200, TP8): the whole shared memory as the
-// ring (192 KB of weight in flight per SM) beats leaving room for the next
-// launch's CTA: 10.0-10.1 us against 10.4-10.7 at T <= 8, and at T = 16
-// 10.75 against 11.4 with the consumers releasing a stage as soon as its
-// fragments are in registers.
+// CTAs per SM by n-tile count: the whole shared memory as the ring (192 KB
+// of weight in flight per SM) beats leaving room for the next launch's CTA
+// (H200, TP8, T <= 8: 10.0-10.1 us against 10.4-10.7).
 inline constexpr int kClusterCtasPerSmOneTile = 1;
 inline constexpr int kClusterCtasPerSmTwoTiles = 1;
 

@@ -51,16 +51,16 @@ template <int NT>
 __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
     qkv_front_streamk_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const Params p) {
-  using L = StreamKLayout;
+  using Layout = StreamKLayout;
   trace::Recorder<Phase> trace(qkv_front_trace());
   trace.tag(gridDim.x);
   extern __shared__ uint8_t smem_raw[];
   constexpr uintptr_t kAlign = swizzle::kAtomBytes;
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~(kAlign - 1));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
-  const Ring<L::kStages, L::kStageBytes> ring{ptx::smem_addr(smem), full, full + L::kStages};
-  const EpilogueSmem epi{reinterpret_cast<float*>(smem + L::kYOffset), reinterpret_cast<float*>(smem + L::kRopeOffset),
-                         reinterpret_cast<int64_t*>(smem + L::kSlotOffset), full + 2 * L::kStages};
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kBarrierOffset);
+  const Ring<Layout::kStages, Layout::kStageBytes> ring{ptx::smem_addr(smem), full, full + Layout::kStages};
+  const EpilogueSmem epi{reinterpret_cast<float*>(smem + Layout::kYOffset), reinterpret_cast<float*>(smem + Layout::kRopeOffset),
+                         reinterpret_cast<int64_t*>(smem + Layout::kSlotOffset), full + 2 * Layout::kStages};
   int* s_last = reinterpret_cast<int*>(epi.staged + 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
       return BlockCoord{static_cast<int>(b % kFrontBlocksPerTile), static_cast<int>(b / kFrontBlocksPerTile)};
     };
     if (lane == 0)
-      produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, static_cast<int>(work.end - work.begin),
+      produce<Layout::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, static_cast<int>(work.end - work.begin),
                                block_at);
     return;
   }
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
   trace.mark(Phase::kWaited);
   const FragRows rows = FragRows::of(warp, lane);
   const WorkspaceMerge<NT> merge(p.workspace, work.tiles);
-  pipeline::Position<L::kStages> at;
+  pipeline::Position<Layout::kStages> at;
   bool inputs_staged = false;
   int64_t b = work.begin;
   while (b < work.end) {
@@ -123,19 +123,19 @@ template <int NT>
 __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                              const Params p) {
-  using L = ClusterLayout<NT>;
+  using Layout = ClusterLayout<NT>;
   using Split = ClusterSplit<NT>;
   trace::Recorder<Phase> trace(qkv_front_trace());
   trace.tag(gridDim.x);
   // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
   // period), checked at entry.
   extern __shared__ __align__(swizzle::kAtomBytes) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
-  const Ring<L::kStages, L::kStageBytes> ring{ptx::smem_addr(smem), full, full + L::kStages};
-  float* const slots = reinterpret_cast<float*>(smem + L::kMergeOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kBarrierOffset);
+  const Ring<Layout::kStages, Layout::kStageBytes> ring{ptx::smem_addr(smem), full, full + Layout::kStages};
+  float* const slots = reinterpret_cast<float*>(smem + Layout::kMergeOffset);
   const EpilogueSmem epi{slots /* the epilogue tile reuses the merge slots once summed */,
-                         reinterpret_cast<float*>(smem + L::kRopeOffset),
-                         reinterpret_cast<int64_t*>(smem + L::kSlotOffset), full + 2 * L::kStages};
+                         reinterpret_cast<float*>(smem + Layout::kRopeOffset),
+                         reinterpret_cast<int64_t*>(smem + Layout::kSlotOffset), full + 2 * Layout::kStages};
   const ClusterMerge<NT> merge{slots, epi.staged + 1};
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
     ptx::mbar_init(epi.staged, 1);
     ptx::mbar_init(merge.merged, 1);
     // The owner's own arrival, expecting the others' partials.
-    if (rank == 0) ptx::mbar_arrive_expect_tx(merge.merged, (kClusterCtas - 1) * L::kPartialBytes);
+    if (rank == 0) ptx::mbar_arrive_expect_tx(merge.merged, (kClusterCtas - 1) * Layout::kPartialBytes);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   if (warp == kProducerWarp) {
     const auto block_at = [&](int i) { return BlockCoord{slice.begin + i, head}; };
     if (lane == 0)
-      produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, slice.end - slice.begin, block_at);
+      produce<Layout::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, slice.end - slice.begin, block_at);
     return;
   }
 
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   const FragRows rows = FragRows::of(warp, lane);
   Chains<NT, kClusterChains> chains;
   zero_chains(chains);
-  pipeline::Position<L::kStages> at;
+  pipeline::Position<Layout::kStages> at;
   int b = slice.begin;
   mma_blocks<Release::kInRegisters>(chains, ring, at, b, slice.end, rows, lane);
   trace.mark(Phase::kLoopDone);
