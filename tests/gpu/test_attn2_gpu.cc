@@ -1,7 +1,8 @@
 // GPU tests of attn2 against the fp64 CPU reference from the same bf16 inputs:
 // relative RMS error <= 5e-3 per row and head, no NaN/Inf, on the split path
 // (max_model_len > 2048), the one-cluster path (<= 2048) and windows; 1 to 12
-// requests of mixed lengths; 1, 2, 4 and 16 KV heads; pages in shuffled
+// requests of mixed lengths; any KV-head count from 1 to 16 (3 and 5
+// included, on every path); pages in shuffled
 // order, NaN in unused pages and in the slots past each request's length,
 // out-of-range ids past each request's pages; graph capture then replay with
 // new lengths and block tables; bit-identical output over 10 runs; untouched
@@ -426,6 +427,26 @@ TEST_F(Attn2Gpu, KvHeadsAndRequests) {
 // the harness race found since is its likely cause, this test checks the
 // kernel itself). Twice, to see that the second launch finds the workspace
 // ready and gives the same bits.
+// KV-head counts that are no TP share of 16 (3, 5) and all 16, on the split
+// path (its clusters of 8 and their slices fill the GPU's residency), the
+// one-cluster path and a window.
+TEST_F(Attn2Gpu, AnyKvHeadCount) {
+  for (int kvh : {3, 5, 16}) {
+    const struct {
+      int mml;
+      std::optional<int> window;
+      std::vector<int> lens;
+    } cases[] = {{32768, std::nullopt, {20001, 9}}, {2048, std::nullopt, {2048, 777}}, {131072, 2048, {40000}}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "KVH " << kvh << ", max_model_len " << c.mml);
+      Problem p(kvh, c.lens, c.mml, c.window, 900 + kvh + c.mml);
+      const double err = p.check(p.run());
+      std::printf("[ attn2    ] KVH %2d, max_model_len %6d%s (%2d slices): max rel RMS %.2e\n", kvh, c.mml,
+                  c.window ? ", window 2048" : "", p.splits, err);
+    }
+  }
+}
+
 TEST_F(Attn2Gpu, Tp1DeploymentShape) {
   Problem p(16, std::vector<int>(8, 4100), 131072, std::nullopt, 77);
   const auto first = p.run();
