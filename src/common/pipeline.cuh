@@ -35,10 +35,10 @@ struct Position {
   }
 };
 
-// How a thread waits (ptx.cuh, mbar_wait and mbar_wait_spin): kYield gives
-// the waiting warp's issue slots to the others (rings of many waits per CTA:
-// qkv_front TP8 9.8 us against 10.7-11.2 with kSpin); kSpin tests again at
-// once (attn2's few waits on its critical path).
+// How a thread waits: kYield gives the waiting warp's issue slots to the
+// others (ptx::mbar_wait: rings of many waits per CTA), kSpin tests again at
+// once (ptx::mbar_wait_spin: attn2's few waits on its critical path);
+// ptx.cuh has the measurement behind each.
 enum class Wait { kYield, kSpin };
 
 // S stages of kStageBytes from `base` (a shared-window address), their full
