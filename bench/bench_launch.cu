@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "graph_timing.h"
+#include "route/params.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/route.h"
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   CUDA_CHECK_OR_EXIT(cudaMemset(logits, 0, 8 * 256 * 4));
   CUDA_CHECK_OR_EXIT(cudaMemset(bias, 0, 256 * 4));
   CUDA_CHECK_OR_EXIT(cudaDeviceSynchronize());
-  md::RouteParams p;
+  md::route_impl::Params p;
   p.logits = logits;
   p.logits_stride = 256;
   p.bias = bias;
@@ -121,8 +122,8 @@ int main(int argc, char** argv) {
   rows.push_back({"__cluster_dims__(8) kernel, cudaLaunchKernelEx + PDL",
                   host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(launch_ex(empty_cluster8_kernel, s, 8, true, 0)); }, s)});
   const auto st = reinterpret_cast<md::Stream>(s);
-  rows.push_back({"route's unchecked launch (b = 8, metadata, PDL): launch(RouteParams)",
-                  host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(cudaError_t(md::launch(p, st))); }, s)});
+  rows.push_back({"route's unchecked launch (b = 8, metadata, PDL): route_impl::launch(Params)",
+                  host_us_per_launch([&] { CUDA_CHECK_OR_EXIT(cudaError_t(md::route_impl::launch(p, st))); }, s)});
   md::prepare_route();
   md::RouteArgs ra;
   ra.logits = md::make_tensor(logits, md::DType::kFloat32, {8, 256});

@@ -35,9 +35,9 @@
 
 namespace md = muse_decode;
 using md::DType;
-using md::timing::GraphTiming;
-using md::timing::kCopyBandwidth;
-using md::timing::time_graph;
+using md::support::GraphTiming;
+using md::support::kCopyBandwidth;
+using md::support::time_calls;
 
 namespace {
 
@@ -72,21 +72,6 @@ struct Row {
   double us, us_min, floor_us, bar_us, pct, cublas_us;
   int64_t bytes;
 };
-
-// A graph of `calls` launches of enqueue(i) on `stream`, timed.
-template <typename Enqueue>
-GraphTiming time_calls(cudaStream_t stream, int calls, Enqueue&& enqueue) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_CHECK_OR_EXIT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < calls; ++i) enqueue(i);
-  CUDA_CHECK_OR_EXIT(cudaStreamEndCapture(stream, &graph));
-  CUDA_CHECK_OR_EXIT(cudaGraphInstantiate(&exec, graph, 0));
-  const GraphTiming tm = time_graph(exec, stream, calls);
-  CUDA_CHECK_OR_EXIT(cudaGraphExecDestroy(exec));
-  CUDA_CHECK_OR_EXIT(cudaGraphDestroy(graph));
-  return tm;
-}
 
 }  // namespace
 

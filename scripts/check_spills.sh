@@ -17,7 +17,7 @@ new=$(comm -23 <(printf '%s\n' "$seen" | sed '/^$/d') <(grep -v '^#' "$known" | 
 count=$(printf '%s\n' "$seen" | sed '/^$/d' | wc -l)
 if [ -n "$new" ]; then
   echo "check_spills.sh: ptxas reports spills or local memory that $known does not list:" >&2
-  printf '  %s\n' "$new" >&2
+  sed 's/^/  /' <<<"$new" >&2
   echo "check_spills.sh: keep the kernel in registers, or list the line there with what it is" >&2
   exit 1
 fi

@@ -47,7 +47,7 @@ step "build ($ARCHS)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
 mkdir -p "$BUILD"
 # SANITIZE=1 builds only what scripts/sanitize.sh runs: the GPU tests and the
-# sanitizer patterns (no Python extension).
+# sanitizer patterns of tests/sanitizer (no Python extension).
 python_ext=ON targets=()
 [ "${SANITIZE:-0}" = 1 ] && python_ext=OFF targets=(--target muse_decode_gpu_tests sanitizer_patterns)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS="$ARCHS" \

@@ -15,7 +15,7 @@
 #                     (and fails its cell); each run also stops at the budget's end
 #   TIMEOUT_RACECHECK=240 TIMEOUT_MEMCHECK=240 ...   per-run limits, in seconds
 #
-# Besides the ops, bench/micro/sanitizer_patterns runs under racecheck (the
+# Besides the ops, tests/sanitizer/sanitizer_patterns runs under racecheck (the
 # patterns that prove suppressions: an entry is honoured only when a pattern
 # reproduces its report, the same pair of access sites, in this run) and
 # under synccheck (the cluster merge's barrier protocol, and a CTA that exits
@@ -42,7 +42,7 @@ LOGS="$BUILD/sanitize"
 die() { echo "sanitize: $*" >&2; exit 1; }
 [ -x "$CS" ] || die "no compute-sanitizer (not on PATH, nor $CS)"
 [ -x "$TESTS" ] || die "$TESTS is not built"
-[ -x "$PATTERNS" ] || die "$PATTERNS is not built (it is a micro-benchmark: configure with -DMUSE_DECODE_BENCHES=ON)"
+[ -x "$PATTERNS" ] || die "$PATTERNS is not built"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 "$CS" --version | tail -1
 help=$("$CS" --help 2>&1)
@@ -311,7 +311,7 @@ for tool in tools:
 if notes:
     print("\n=== reports not suppressed (the first 2 of each run; every log is in " + logs + ")")
     print("\n".join(notes[:24]))
-print("\n=== patterns (bench/micro/sanitizer_patterns.cu)")
+print("\n=== patterns (tests/sanitizer/sanitizer_patterns.cu)")
 print("\n".join(pattern_lines) or "(not run)")
 print("\n=== suppressions (scripts/sanitize.supp)")
 for e in entries:

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cta_times.h"
-#include "ptx.cuh"
+#include "common/ptx.cuh"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kStride = 68, kSmem = 100 * 1024;

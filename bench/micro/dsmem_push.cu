@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "cta_times.h"
-#include "ptx.cuh"
+#include "common/ptx.cuh"
 
 namespace cg = cooperative_groups;
 constexpr int kCluster = 16, kRows = 64, kRowBytes = 128, kMlBytes = 16, kOwned = kRows / kCluster;

@@ -21,7 +21,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "ptx.cuh"
+#include "common/ptx.cuh"
 
 namespace ptx = muse_decode::ptx;
 

@@ -37,8 +37,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "ptx.cuh"
-#include "sm90_wgmma.cuh"
+#include "common/ptx.cuh"
+#include "common/sm90_wgmma.cuh"
 
 using muse_decode::ptx::exp2_approx;
 using muse_decode::ptx::fence_proxy_async_smem;

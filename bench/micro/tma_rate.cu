@@ -39,7 +39,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "ptx.cuh"
+#include "common/ptx.cuh"
+#include "common/tensor_map.h"
 #include "page_hash.cuh"
 
 namespace ptx = muse_decode::ptx;
@@ -126,28 +127,26 @@ int main() {
   char* cache = nullptr;
   if (cudaMalloc(&cache, big_pages * kKvh * kPageBytes) != cudaSuccess) return 1;
   cudaMemset(cache, 0, big_pages * kKvh * kPageBytes);
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  cudaDriverEntryPointQueryResult q;
-  cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000, cudaEnableDefault, &q);
-  if (!encode) return 1;
   CUtensorMap map2, map1;
-  {  // (64 elements, K|V, key, KV head, page): 2 KB boxes
-    const cuuint64_t dims[5] = {64, 2, 16, kKvh, static_cast<cuuint64_t>(big_pages)};
-    const cuuint64_t strides[4] = {128, 256, kPageBytes, static_cast<cuuint64_t>(kKvh) * kPageBytes};
-    const cuuint32_t box[5] = {64, 1, 16, 1, 1}, es[5] = {1, 1, 1, 1, 1};
-    if (encode(&map2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, cache, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return 2;
-  }
-  {  // (64 elements, key in 8, K|V, key group, page x KV head): one 4 KB box
-    const cuuint64_t dims[5] = {64, 8, 2, 2, static_cast<cuuint64_t>(big_pages) * kKvh};
-    const cuuint64_t strides[4] = {256, 128, 2048, kPageBytes};
-    const cuuint32_t box[5] = {64, 8, 2, 2, 1}, es[5] = {1, 1, 1, 1, 1};
-    if (encode(&map1, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, cache, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-      std::printf("tma1 map: encode failed\n");
-      return 3;
-    }
+  const auto cache_map = [&](CUtensorMap* map, const cuuint64_t (&dims)[5], const cuuint64_t (&strides)[4],
+                             const cuuint32_t (&box)[5]) {
+    muse_decode::tma::MapDesc d;
+    d.data = cache;
+    d.rank = 5;
+    d.promotion = muse_decode::tma::kPagePromotion;
+    for (int i = 0; i < 5; ++i) d.dims[i] = dims[i], d.box[i] = box[i];
+    for (int i = 0; i < 4; ++i) d.strides[i] = strides[i];
+    return muse_decode::tma::encode(map, d);
+  };
+  // (64 elements, K|V, key, KV head, page): 2 KB boxes
+  if (!cache_map(&map2, {64, 2, 16, kKvh, static_cast<cuuint64_t>(big_pages)},
+                 {128, 256, kPageBytes, static_cast<cuuint64_t>(kKvh) * kPageBytes}, {64, 1, 16, 1, 1}))
+    return 2;
+  // (64 elements, key in 8, K|V, key group, page x KV head): one 4 KB box
+  if (!cache_map(&map1, {64, 8, 2, 2, static_cast<cuuint64_t>(big_pages) * kKvh}, {256, 128, 2048, kPageBytes},
+                 {64, 8, 2, 2, 1})) {
+    std::printf("tma1 map: encode failed\n");
+    return 3;
   }
   cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   cudaEvent_t e0, e1;

@@ -23,6 +23,8 @@
 
 #ifdef MUSE_DECODE_WITH_CUDA  // defined by the package when the library has its kernels
 #include <cuda_runtime.h>
+
+#include "device.h"
 #endif
 
 #include "muse_decode/arch.h"
@@ -31,9 +33,12 @@
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/route.h"
+#include "step_checks.h"  // support/: what this example shares with the muse-decode tool
+#include "step_inputs.h"
 
 namespace md = muse_decode;
 namespace ref = muse_decode::reference;
+namespace support = muse_decode::support;
 using md::DType;
 using md::TensorRef;
 
@@ -106,20 +111,6 @@ Step lay_out(const Deployment& d, char* base, int device, int sms) {
   return s;
 }
 
-std::vector<float> random_f32(size_t n, float scale, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<uint16_t> random_bf16(size_t n, float scale, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = ref::float_to_bf16_bits(u(rng));
-  return v;
-}
-
 // ---------------------------------------------------------------------------
 // Host part.
 bool host_part(const Deployment& d, int sms) {
@@ -184,7 +175,8 @@ bool host_part(const Deployment& d, int sms) {
   // route scale over 8 distinct experts, and every route to this rank's
   // experts has a row that leads back to its token.
   std::mt19937 rng(1);
-  const auto logits = random_f32(kTokens * md::kNumExperts, 4.0f, rng), bias = random_f32(md::kNumExperts, 0.02f, rng);
+  const auto logits = support::random_f32(kTokens * md::kNumExperts, support::kLogitScale, rng);
+  const auto bias = support::random_f32(md::kNumExperts, support::kBiasScale, rng);
   std::vector<int32_t> ids(kTokens * md::kTopK), meta(md::metadata_size(d.tile_n), -1);
   std::vector<float> weights(ids.size());
   ref::route(logits.data(), kTokens, bias.data(), 1.0f, ids.data(), weights.data());
@@ -217,9 +209,7 @@ bool host_part(const Deployment& d, int sms) {
 #ifdef MUSE_DECODE_WITH_CUDA
 namespace {
 
-void cuda_ok(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using support::cuda_ok;
 
 template <typename T>
 void upload(const TensorRef& dst, const std::vector<T>& src, cudaStream_t stream) {
@@ -234,22 +224,6 @@ std::vector<T> download(const TensorRef& src, cudaStream_t stream) {
   return h;
 }
 
-// Worst relative RMS error of `got` (bf16) against `want` over each group of
-// `group` values: a head (64) or a row. NaN or Inf counts as infinite.
-double worst_error(const std::vector<uint16_t>& got, const std::vector<double>& want, size_t group) {
-  double worst = 0;
-  for (size_t g = 0; g < want.size(); g += group) {
-    double err = 0, norm = 0;
-    for (size_t i = g; i < g + group; ++i) {
-      const double e = ref::bf16_bits_to_float(got[i]) - want[i];
-      err += e * e;
-      norm += want[i] * want[i];
-    }
-    worst = std::max(worst, std::isfinite(err) ? std::sqrt(err / std::max(norm, 1e-30)) : INFINITY);
-  }
-  return worst;
-}
-
 // What the host holds of the layer and of one step's inputs.
 struct HostLayer {
   std::vector<uint16_t> w_qkv, w_o;
@@ -262,9 +236,10 @@ struct HostStep {
   std::vector<int32_t> table, lens;
 };
 
-// One replay's outputs against the CPU references, each op on what it read
-// (the op before's output from the GPU): relative RMS <= 5e-3 per head or
-// row, the cache rows and the routing exact.
+// One replay's outputs against the CPU references (support/step_checks.h),
+// each op on what it read (the op before's output from the GPU): relative
+// RMS <= 5e-3 per head or row, the cache rows and the routing exact (an id
+// may differ only where two keys tie to within the last bit of expf).
 bool check_step(const Deployment& d, const Step& s, const HostLayer& l, const HostStep& in, cudaStream_t stream) {
   const auto qkv = download<uint16_t>(s.qkv, stream), attn = download<uint16_t>(s.attn, stream);
   const auto hidden = download<uint16_t>(s.hidden, stream), cache = download<uint16_t>(s.cache, stream);
@@ -272,64 +247,25 @@ bool check_step(const Deployment& d, const Step& s, const HostLayer& l, const Ho
   const auto weights = download<float>(s.weights, stream);
 
   // qkv_front: projection, q/k norm and RoPE in double; the 8 tokens' cache
-  // rows hold the bits of its k and v columns.
-  std::vector<double> y(size_t(kTokens) * d.n());
-  ref::qkv_front(in.x.data(), md::kHiddenSize, kTokens, l.w_qkv.data(), d.kvh(), in.positions.data(),
-                 d.sliding ? l.cos_sin.data() : nullptr, d.context, y.data());
-  const double front_err = worst_error(qkv, y, md::kHeadDim);
-  const md::QkvColumns col = md::qkv_front_columns(d.kvh());
-  int cache_bad = 0;
-  for (int t = 0; t < kTokens; ++t)
-    for (int h = 0; h < d.kvh(); ++h) {
-      const int64_t slot = in.slots[t];
-      const uint16_t* row = &cache[((slot / md::kPageSize * d.kvh() + h) * md::kPageSize + slot % md::kPageSize) * 128];
-      const uint16_t* out = &qkv[size_t(t) * d.n()];
-      cache_bad += !std::equal(row, row + 64, out + col.k + h * 64) || !std::equal(row + 64, row + 128, out + col.v + h * 64);
-    }
+  // rows hold the bits of its k and v columns. attn2 on the GPU's q, gate
+  // and cache (its 8 new keys included), every KV head; o_proj on the GPU's
+  // attention rows.
+  const double front_err =
+      support::qkv_front_error(in.x.data(), kTokens, l.w_qkv.data(), d.kvh(), in.positions.data(),
+                               d.sliding ? l.cos_sin.data() : nullptr, d.context, qkv.data());
+  const int cache_off = support::cache_values_off(cache.data(), qkv.data(), in.slots.data(), kTokens, d.kvh());
+  const ref::Attn2Inputs a = support::attn2_inputs(qkv.data(), d.kvh(), cache.data(), in.table.data(),
+                                                   d.table_width(), in.lens.data(), d.window());
+  double attn_err = 0;
+  for (int kv = 0; kv < d.kvh(); ++kv) attn_err = std::max(attn_err, support::attn2_error(a, 0, kv, attn.data()));
+  const double o_err = support::o_proj_error(attn.data(), kTokens, d.k_in(), l.w_o.data(), hidden.data());
+  const support::RouteDiff route = support::route_diff(in.logits.data(), kTokens, l.bias.data(), ids.data(),
+                                                       weights.data(), meta.data(), 0, d.experts(), d.tile_n);
+  const bool route_ok = route.ids_apart == 0 && route.weights_off == 0 && !route.metadata_differs;
 
-  // attn2 on the GPU's q, gate and cache (its 8 new keys included).
-  ref::Attn2Inputs a;
-  a.q = qkv.data();
-  a.q_stride = d.n();
-  a.gate = qkv.data() + col.gate;
-  a.gate_stride = d.n();
-  a.kv_cache = cache.data();
-  a.num_kv_heads = d.kvh();
-  a.block_table = in.table.data();
-  a.block_table_stride = d.table_width();
-  a.seq_lens = in.lens.data();
-  a.window = d.window();
-  std::vector<double> o(size_t(kTokens) * d.k_in());
-  ref::attn2(a, 1, o.data(), d.k_in());
-  const double attn_err = worst_error(attn, o, md::kHeadDim);
-
-  // o_proj on the GPU's attention rows.
-  std::vector<double> h(size_t(kTokens) * md::kHiddenSize);
-  ref::o_proj_exact(attn.data(), d.k_in(), kTokens, l.w_o.data(), d.k_in(), h.data());
-  const double o_err = worst_error(hidden, h, md::kHiddenSize);
-
-  // route: the host's expf and CUDA's may differ in the last bit, so an id
-  // may differ only where two keys tie to within that; the weights of equal
-  // ids and the metadata of the GPU's ids are exact.
-  std::vector<int32_t> want_ids(ids.size()), want_meta(meta.size(), -1);
-  std::vector<float> want_w(ids.size());
-  ref::route(in.logits.data(), kTokens, l.bias.data(), 1.0f, want_ids.data(), want_w.data());
-  auto key = [&](int token, int e) {
-    return 1.0 / (1.0 + std::exp(-double(in.logits[token * md::kNumExperts + e]))) + l.bias[e];
-  };
-  int route_bad = 0;
-  for (int r = 0; r < kTokens * md::kTopK; ++r) {
-    if (ids[r] == want_ids[r])
-      route_bad += std::fabs(weights[r] - want_w[r]) > 1e-6f * std::fabs(want_w[r]) + 1e-9f;
-    else
-      route_bad += ids[r] < 0 || ids[r] >= md::kNumExperts || std::fabs(key(r / 8, ids[r]) - key(r / 8, want_ids[r])) > 1e-6;
-  }
-  ref::routing_metadata(ids.data(), kTokens, 0, d.experts(), d.tile_n, want_meta.data());
-  route_bad += want_meta != meta;
-
-  const bool pass = front_err <= 5e-3 && cache_bad == 0 && attn_err <= 5e-3 && o_err <= 5e-3 && route_bad == 0;
-  std::printf("  L %5d: qkv_front %.1e (%d cache rows off), attn2 %.1e, o_proj %.1e, route %s: %s\n", in.lens[0],
-              front_err, cache_bad, attn_err, o_err, route_bad ? "differs" : "exact", pass ? "pass" : "FAIL");
+  const bool pass = front_err <= 5e-3 && cache_off == 0 && attn_err <= 5e-3 && o_err <= 5e-3 && route_ok;
+  std::printf("  L %5d: qkv_front %.1e (%d cache values off), attn2 %.1e, o_proj %.1e, route %s: %s\n", in.lens[0],
+              front_err, cache_off, attn_err, o_err, route_ok ? "exact" : "differs", pass ? "pass" : "FAIL");
   return pass;
 }
 
@@ -341,30 +277,23 @@ bool gpu_part(const Deployment& d) {
 
   // The step's buffers, allocated once and zeroed: the workspaces must start
   // at zero, and every launch leaves them so.
-  char* base = nullptr;
-  cuda_ok(cudaMalloc(&base, lay_out(d, kPlaceholder, device, sms).bytes), "cudaMalloc");
-  const Step s = lay_out(d, base, device, sms);
-  cudaStream_t stream;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  cuda_ok(cudaMemsetAsync(base, 0, s.bytes, stream), "cudaMemsetAsync");
+  const support::Device<char> memory(lay_out(d, kPlaceholder, device, sms).bytes);
+  const Step s = lay_out(d, memory.ptr, device, sms);
+  const support::NonBlockingStream stream;
+  cuda_ok(cudaMemsetAsync(memory.ptr, 0, s.bytes, stream), "cudaMemsetAsync");
 
   // The layer (random here; an engine loads it), its RoPE table (theta
   // 500000, interleaved pairs: cos in 0:32, sin in 32:64) and a cache full of
   // earlier keys.
   std::mt19937 rng(2026);
-  HostLayer l{random_bf16(s.w_qkv.numel(), 0.02f, rng), random_bf16(s.w_o.numel(), 0.03f, rng),
-              std::vector<float>(size_t(d.context) * 64), random_f32(md::kNumExperts, 0.02f, rng)};
-  for (int p = 0; p < d.context; ++p)
-    for (int j = 0; j < 32; ++j) {
-      const double angle = p * std::pow(md::kRopeTheta, -2.0 * j / md::kHeadDim);
-      l.cos_sin[p * 64 + j] = float(std::cos(angle));
-      l.cos_sin[p * 64 + 32 + j] = float(std::sin(angle));
-    }
+  HostLayer l{support::random_bf16(s.w_qkv.numel(), support::kQkvWeightScale, rng),
+              support::random_bf16(s.w_o.numel(), support::kOProjWeightScale, rng), support::rope_table(d.context),
+              support::random_f32(md::kNumExperts, support::kBiasScale, rng)};
   upload(s.w_qkv, l.w_qkv, stream);
   upload(s.w_o, l.w_o, stream);
   upload(s.bias, l.bias, stream);
   if (d.sliding) upload(s.cos_sin, l.cos_sin, stream);
-  upload(s.cache, random_bf16(s.cache.numel(), 1.0f, rng), stream);
+  upload(s.cache, support::random_bf16(s.cache.numel(), support::kActivationScale, rng), stream);
   cuda_ok(cudaStreamSynchronize(stream), "upload");
 
   // Bind the ops to the layer's tensors: each constructor checks them once
@@ -384,15 +313,13 @@ bool gpu_part(const Deployment& d) {
   // holds addresses; positions, lengths and block tables are read from
   // device memory when it replays. route's logits stand for the router GEMM's
   // output, which is the engine's own (cuBLAS), not this library's.
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  front(s.x, s.positions, s.slots, s.qkv, stream);
-  attn(qg.q, qg.gate, s.table, s.lens, s.attn, stream);
-  o_proj(s.attn, s.hidden, stream);
-  routing(s.logits, s.ids, s.weights, meta, stream);
-  cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  support::Graph graph;
+  support::capture(graph, stream, 1, [&](int) {
+    front(s.x, s.positions, s.slots, s.qkv, stream);
+    attn(qg.q, qg.gate, s.table, s.lens, s.attn, stream);
+    o_proj(s.attn, s.hidden, stream);
+    routing(s.logits, s.ids, s.weights, meta, stream);
+  });
 
   // Each step accepts 0..7 drafts plus one token, so the request grows by
   // 1..8 keys, up to the context. Its pages are drawn afresh from the pool
@@ -404,14 +331,11 @@ bool gpu_part(const Deployment& d) {
   for (int step = 0; step < d.steps; ++step) {
     if (step > 0) len = std::min(d.context, len + 1 + int(rng() % 8));
     std::shuffle(pool.begin(), pool.end(), rng);
-    HostStep in{random_bf16(size_t(kTokens) * md::kHiddenSize, 1.0f, rng),
-                random_f32(size_t(kTokens) * md::kNumExperts, 4.0f, rng),
-                {}, {}, std::vector<int32_t>(pool.begin(), pool.begin() + d.table_width()), {len}};
-    for (int i = 0; i < kTokens; ++i) {
-      const int64_t p = len - kTokens + i;  // the 8 tokens are the request's last positions
-      in.positions.push_back(p);
-      in.slots.push_back(int64_t(in.table[p / md::kPageSize]) * md::kPageSize + p % md::kPageSize);
-    }
+    HostStep in{support::random_bf16(size_t(kTokens) * md::kHiddenSize, support::kActivationScale, rng),
+                support::random_f32(size_t(kTokens) * md::kNumExperts, support::kLogitScale, rng),
+                std::vector<int64_t>(kTokens), std::vector<int64_t>(kTokens),
+                std::vector<int32_t>(pool.begin(), pool.begin() + d.table_width()), {len}};
+    support::step_positions(len, in.table.data(), in.positions.data(), in.slots.data());
     upload(s.x, in.x, stream);
     upload(s.logits, in.logits, stream);
     upload(s.positions, in.positions, stream);
@@ -421,14 +345,10 @@ bool gpu_part(const Deployment& d) {
     // route writes only the metadata entries a step uses: clear the buffer
     // so that the check can compare all of it.
     cuda_ok(cudaMemsetAsync(s.meta.data, 0xff, s.meta.span_bytes(), stream), "cudaMemsetAsync");
-    cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    cuda_ok(cudaGraphLaunch(graph.exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "the step's replay");
     pass = check_step(d, s, l, in, stream) && pass;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  cudaFree(base);
   return pass;
 }
 

@@ -25,11 +25,26 @@ inline constexpr int kAttn2ShortMaxLen = 2048;
 // Bound of attn2_splits (and of the num_splits a call accepts).
 inline constexpr int kAttn2MaxSplits = 32;
 
+// What prepare_attn2 measured on a device: the one-slice path's cluster size
+// and how many CTAs of the kernel fit on the GPU at once with clusters of 8
+// and of 16 (cudaOccupancyMaxActiveClusters times the cluster size). The
+// split heuristic fills that many; a split grid that fills exactly that many
+// has its last cluster do less, and one that fits merges without tickets.
+struct Attn2Residency {
+  int short_cluster_size = 0;  // 16 where the GPU places a cluster of 16 (and no cap says 8), else 8
+  int resident_ctas_8 = 0;
+  int resident_ctas_16 = 0;
+};
+
+// An H200's residency (132 SMs, 2 CTAs per SM: 30 clusters of 8, 14 of 16; a
+// cluster stays inside one GPC): what attn2_splits plans for on a host
+// without a GPU.
+inline constexpr Attn2Residency kH200Attn2Residency{16, 240, 224};
+
 // Each sizing function checks every argument (std::invalid_argument naming it,
 // with the expected and the actual value) as a call would: max_model_len >= 8,
-// window 0 or in [1, max_model_len), num_kv_heads one of 1, 2, 4, 8, 16 (this
-// rank's share of Muse Spark's 16), num_reqs in [1, 65535], num_splits in
-// [1, 32].
+// window 0 or in [1, max_model_len), num_kv_heads in [1, 16] (this rank's
+// share of Muse Spark's 16), num_reqs in [1, 65535], num_splits in [1, 32].
 //
 // The window attn2 applies for a layer: 0 when the layer has none or when the
 // window covers max_model_len (no key is then outside a row's window); a
@@ -38,8 +53,13 @@ int attn2_window(std::optional<int> sliding_window, int max_model_len);
 
 // Key slices per (request, KV head), each a cluster of 16 CTAs at 1-2 KV
 // heads, else 8: 1 for max_model_len <= 2048 and for any window (a windowed
-// row spans at most W + 7 keys), else enough to fill the GPU in one wave,
-// bounded (see attn2_host.cc).
+// row spans at most W + 7 keys), else enough to fill the GPU of `residency`
+// in one wave, bounded (see attn2_host.cc). On an H200: 7 at TP8 (KVH 2), 7
+// at TP4, 2 at TP1.
+int attn2_splits(int max_model_len, int window, int num_kv_heads, const Attn2Residency& residency);
+// The same for the current CUDA device: its measured residency (prepare_attn2
+// runs on it first where it has not), or kH200Attn2Residency on a host
+// without a supported GPU.
 int attn2_splits(int max_model_len, int window, int num_kv_heads);
 
 // Bytes of the split kernel's workspace (counters and per-slice partials); 0
@@ -48,7 +68,7 @@ int attn2_splits(int max_model_len, int window, int num_kv_heads);
 int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
 
 // One-time setup for CUDA device `device` (-1: the current one): kernel
-// attributes (dynamic shared memory, clusters of 16 CTAs) and the occupancy
+// attributes (dynamic shared memory, clusters of 16 CTAs) and the residency
 // the launches are sized by. Call it outside graph capture, before the first
 // call on that device. Throws std::invalid_argument on a GPU the kernels were
 // not built for (or a device that is not there) and std::runtime_error when
@@ -62,16 +82,7 @@ int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits);
 // 8 or 16 throws std::invalid_argument naming the variable.
 void prepare_attn2(int device = -1);
 
-// What prepare_attn2 measured on a device: the one-slice path's cluster size
-// and how many CTAs of the kernel fit on the GPU at once with clusters of 8
-// and of 16 (cudaOccupancyMaxActiveClusters times the cluster size; a split
-// grid that fills exactly that many is launched with idle_last and resident).
-struct Attn2Residency {
-  int short_cluster_size = 0;  // 16 where the GPU places a cluster of 16 (and no cap says 8), else 8
-  int resident_ctas_8 = 0;
-  int resident_ctas_16 = 0;
-};
-// Throws std::invalid_argument before prepare_attn2(device).
+// What prepare_attn2(device) measured. Throws std::invalid_argument before it.
 Attn2Residency attn2_residency(int device = -1);
 
 // ---------------------------------------------------------------------------
@@ -94,7 +105,7 @@ std::optional<std::string> unsupported_attn2(const Attn2Layer& layer);
 struct Attn2Args {
   TensorRef q;            // bf16 [R*8, H*64], unit column stride, row stride % 8 == 0, 16-byte aligned
   TensorRef gate;         // bf16 [R*8, H*64], same layout rules as q (its own row stride)
-  TensorRef kv_cache;     // bf16 [pages, KVH, 16, 128] contiguous (K in 0:64, V in 64:128), KVH 1, 2, 4, 8 or 16
+  TensorRef kv_cache;     // bf16 [pages, KVH, 16, 128] contiguous (K in 0:64, V in 64:128), KVH in [1, 16]
   TensorRef block_table;  // int32 [R, max_pages], unit column stride, max_pages >= ceil(max_model_len / 16)
   TensorRef seq_lens;     // int32 [R], contiguous: 8 <= L <= max_model_len, the 8 query tokens included
   TensorRef out;          // bf16 [R*8, H*64], same layout rules as q; must not overlap any input
@@ -114,51 +125,18 @@ struct Attn2Args {
 // before its own wait (qkv_front does, at its start), may the kernel before
 // that one. A step writes none of them.
 
-// Launch parameters of the kernel (device layer; check_attn2 fills them).
-struct Attn2Params {
-  const void* q = nullptr;            // bf16 [R*8, H*64]
-  int64_t q_stride = 0;               // elements between rows, multiple of 8
-  const void* gate = nullptr;         // bf16 [R*8, H*64]
-  int64_t gate_stride = 0;            // elements between rows, multiple of 8
-  const void* kv_cache = nullptr;     // bf16 [num_pages, KVH, 16, 128], contiguous, 16-byte aligned
-  int num_pages = 0;                  // page ids outside [0, num_pages) are contract breaks (NaN rows)
-  const int32_t* block_table = nullptr;  // [R, >= ceil(max_model_len / 16)]
-  int64_t block_table_stride = 0;     // elements between rows
-  const int32_t* seq_lens = nullptr;  // [R]
-  void* out = nullptr;                // bf16 [R*8, H*64]
-  int64_t out_stride = 0;             // elements between rows, multiple of 8
-  void* workspace = nullptr;          // attn2_workspace_bytes(R, KVH, num_splits) bytes; null when num_splits == 1
-  int num_reqs = 0;                   // R, 1..65535
-  int num_kv_heads = 0;               // KVH: 1, 2, 4, 8 or 16
-  int max_model_len = 0;              // L > max_model_len is a contract break (NaN rows)
-  int window = 0;                     // 0: none; else keys p - window + 1 .. p
-  int num_splits = 1;                 // clusters per (request, KV head), 1..32
-  int cluster_size = 8;               // CTAs per cluster: 16 for one slice or 1-2 KV heads (8 where the GPU cannot place 16), else 8
-  bool pdl = false;                   // programmatic dependent launch
-  bool idle_last = false;             // the grid's last cluster takes fewer keys (none at shorter L); attn2()
-                                      // sets it where the split grid fills the GPU exactly (placed last)
-  bool resident = false;              // the whole split grid fits on the GPU at once: one slice merges by
-                                      // polling the others' partials, no ticket; attn2() sets it
-                                      // (from attn2_residency)
-};
-
 // Why attn2 does not take this call (the argument, the expected and the
 // actual value), or nullopt when it does. The same text check_attn2 throws.
 std::optional<std::string> unsupported_attn2_call(const Attn2Args& args);
 
 // Checks every argument (std::invalid_argument naming it, with the expected
-// and the actual value) and returns the kernel parameters; launches nothing
-// and needs no GPU. The device-dependent fields (cluster_size where 16 cannot
-// be placed, idle_last, resident) are attn2()'s to set.
-Attn2Params check_attn2(const Attn2Args& args);
+// and the actual value); launches nothing and needs no GPU.
+void check_attn2(const Attn2Args& args);
 
 // check_attn2, then the launch on `stream`. Throws std::invalid_argument on bad
 // arguments or a device prepare_attn2 has not set up, std::runtime_error on a
 // launch error. Allocates nothing, never synchronises.
 void attn2(const Attn2Args& args, Stream stream);
-
-// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
-int launch(const Attn2Params& params, Stream stream);
 
 // attn2 bound to a layer's KV cache and workspace and the deployment's sizes:
 // the constructor validates them once (std::invalid_argument naming the

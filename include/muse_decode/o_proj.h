@@ -64,18 +64,6 @@ struct OProjArgs {
                      // griddepcontrol.wait and reads x (the previous kernel's output) after it
 };
 
-// Launch parameters (device layer; check_o_proj fills them).
-struct OProjParams {
-  const void* x = nullptr;       // bf16 [num_tokens, in_width]; 16-byte aligned
-  int64_t x_stride = 0;          // elements between rows of x, multiple of 8
-  const void* weight = nullptr;  // bf16 [8192, in_width] contiguous; 16-byte aligned
-  void* out = nullptr;           // bf16 [num_tokens, 8192]; 16-byte aligned
-  int64_t out_stride = 0;        // elements between rows of out, multiple of 8
-  int num_tokens = 0;            // 1..64
-  int in_width = 0;              // K: 512, 1024, 2048, 4096 or 8192
-  bool pdl = false;              // launch with programmatic dependent launch
-};
-
 // Why o_proj does not take this call (the argument, the expected and the
 // actual value), or nullopt when it does; the caller then keeps the stock
 // GEMM. `out` may be absent: then the check of everything else. With out
@@ -85,18 +73,14 @@ std::optional<std::string> unsupported_o_proj_call(const OProjArgs& args);
 bool o_proj_supports_call(const OProjArgs& args);
 
 // Checks every argument, out included (std::invalid_argument naming it,
-// before anything is launched), and returns the launch parameters; launches
-// nothing and needs no GPU.
-OProjParams check_o_proj(const OProjArgs& args);
+// before anything is launched); launches nothing and needs no GPU.
+void check_o_proj(const OProjArgs& args);
 
 // check_o_proj, then the launch on `stream`. Throws std::invalid_argument on
 // bad arguments or a device prepare_o_proj has not set up, std::runtime_error
 // on a launch error. Allocates nothing, never synchronises; capturable in a
 // CUDA graph.
 void o_proj(const OProjArgs& args, Stream stream);
-
-// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
-int launch(const OProjParams& params, Stream stream);
 
 // One-time setup for CUDA device `device` (-1: the current one): the kernels'
 // shared-memory limit and the driver's tensor-map encoder. Call it outside

@@ -16,18 +16,7 @@
 namespace muse_decode {
 
 // ---------------------------------------------------------------------------
-// Work decomposition (the kernel and the workspace sizing share it).
-//
-// The weight [N, 8192] is cut into blocks of 64 rows (one head) x 64 columns
-// (8 KB, one TMA box). Blocks are numbered tile-major (tile = head, then K);
-// CTA c of G owns blocks [c * B / G, (c + 1) * B / G) of the B blocks
-// (stream-K), so every CTA reads the same bytes to within one block. A tile cut
-// between CTAs is summed by the last of them to arrive, in CTA (= K) order.
-inline constexpr int kFrontTileRows = kHeadDim;                   // 64 rows: one head
-inline constexpr int kFrontBlockK = 64;                           // 64 bf16 = 128 B per row
-inline constexpr int kFrontBlocksPerTile = kHiddenSize / kFrontBlockK;  // 128
-// One CTA's partial sums of one tile: 128 threads x 2 n-tiles x 4 floats.
-inline constexpr int kFrontPartialBytes = 128 * 2 * 4 * 4;        // 4 KB
+// Sizing.
 
 // Whether qkv_front serves a projection of output width n for num_kv_heads
 // KV heads: n == qkv_width(num_kv_heads), num_kv_heads in {1, 2, 4, 8, 16}
@@ -36,7 +25,8 @@ inline constexpr int kFrontPartialBytes = 128 * 2 * 4 * 4;        // 4 KB
 bool qkv_front_supports_shape(int n, int num_kv_heads);
 
 // CTAs of a launch for num_kv_heads on a GPU with sm_count multiprocessors:
-// one per SM (a persistent stream-K grid), never more than there are blocks.
+// one per SM (a persistent stream-K grid over the weight's 8 KB blocks of
+// one head's 64 rows x 64 columns), never more than there are blocks.
 int qkv_front_ctas(int num_kv_heads, int sm_count);
 // Bytes of the workspace a launch of qkv_front_ctas(num_kv_heads, sm_count)
 // CTAs needs: one arrival counter per tile, then one 4 KB partial per (CTA,
@@ -116,26 +106,6 @@ struct QkvFrontArgs {
                            // before griddepcontrol.wait and reads x, positions and slot_mapping after
 };
 
-// Launch parameters (device layer; check_qkv_front fills them).
-struct QkvFrontParams {
-  const void* x = nullptr;            // bf16 [num_tokens, 8192]; 16-byte aligned
-  int64_t x_stride = kHiddenSize;     // elements between rows of x, multiple of 8
-  const void* weight = nullptr;       // bf16 [N, 8192] contiguous; 16-byte aligned
-  const int64_t* positions = nullptr; // [num_tokens]
-  const float* cos_sin = nullptr;     // fp32 [max_pos, 64]; null: no RoPE
-  int64_t max_pos = 0;                // rows of cos_sin
-  const int64_t* slot_mapping = nullptr;  // [num_tokens]; slots outside [0, num_slots): no insert
-  void* kv_cache = nullptr;           // bf16 [pages, num_kv_heads, 16, 128] contiguous
-  int64_t num_slots = 0;              // pages * 16
-  void* out = nullptr;                // bf16 [num_tokens, N]
-  int64_t out_stride = 0;             // elements between rows of out, multiple of 8
-  void* workspace = nullptr;          // qkv_front_workspace_bytes(num_kv_heads, num_ctas's SMs), zeroed once
-  int num_tokens = 0;                 // 1..16
-  int num_kv_heads = 0;               // 1, 2, 4, 8 or 16
-  int num_ctas = 0;                   // qkv_front_ctas(num_kv_heads, sm_count)
-  bool pdl = false;                   // launch with programmatic dependent launch
-};
-
 // Why the front does not take this call (the argument, the expected and the
 // actual value), or nullopt when it does; the caller then keeps the unfused
 // path. `out` and `workspace` may be absent: then the check of everything
@@ -145,19 +115,16 @@ std::optional<std::string> unsupported_qkv_front_call(const QkvFrontArgs& args);
 bool qkv_front_supports_call(const QkvFrontArgs& args);
 
 // Checks every argument, out and workspace included (std::invalid_argument
-// naming it, before anything is launched), and returns the launch
-// parameters; launches nothing and needs no GPU (the workspace's size is
-// that of the device's multiprocessor count, 1 where there is none).
-QkvFrontParams check_qkv_front(const QkvFrontArgs& args);
+// naming it, before anything is launched); launches nothing and needs no GPU
+// (the workspace's size is that of the device's multiprocessor count, 1
+// where there is none).
+void check_qkv_front(const QkvFrontArgs& args);
 
 // check_qkv_front, then the launch on `stream`. Throws std::invalid_argument
 // on bad arguments or a device prepare_qkv_front has not set up,
 // std::runtime_error on a launch error. Allocates nothing, never
 // synchronises; capturable in a CUDA graph.
 void qkv_front(const QkvFrontArgs& args, Stream stream);
-
-// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
-int launch(const QkvFrontParams& params, Stream stream);
 
 // One-time setup for CUDA device `device` (-1: the current one): the kernels'
 // shared-memory limit, the driver's tensor-map encoder, the multiprocessor

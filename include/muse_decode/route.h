@@ -82,30 +82,13 @@ struct RouteArgs {
   bool pdl = true;        // launch with programmatic dependent launch (see route())
 };
 
-// Launch parameters of the kernel (device layer; check_route fills them).
-struct RouteParams {
-  const float* logits = nullptr;   // [num_tokens, 256] fp32; rows 16-byte aligned
-  int64_t logits_stride = 256;     // elements between rows, multiple of 4
-  const float* bias = nullptr;     // [256] fp32, 16-byte aligned
-  int32_t* ids = nullptr;          // [num_tokens, 8] global expert ids, contiguous
-  float* weights = nullptr;        // [num_tokens, 8] fp32, contiguous
-  int num_tokens = 0;              // 1..8
-  float route_scale = 1.0f;
-  int32_t* metadata = nullptr;     // may be null: no metadata
-  int local_expert_offset = 0;
-  int num_local_experts = 0;
-  int tile_n = 0;
-  bool pdl = false;                // launch with programmatic dependent launch
-};
-
 // Why route does not take this call (the argument, the expected and the
 // actual value), or nullopt when it does. The same text check_route throws.
 std::optional<std::string> unsupported_route_call(const RouteArgs& args);
 
 // Checks every argument (std::invalid_argument naming it, with the expected
-// and the actual value) and returns the kernel parameters; launches nothing
-// and needs no GPU.
-RouteParams check_route(const RouteArgs& args);
+// and the actual value); launches nothing and needs no GPU.
+void check_route(const RouteArgs& args);
 
 // check_route, then the launch on `stream`. Throws std::invalid_argument on
 // bad arguments or a device prepare_route has not set up, std::runtime_error
@@ -114,9 +97,6 @@ RouteParams check_route(const RouteArgs& args);
 // griddepcontrol.wait and writes nothing before it, so it is correct whatever
 // precedes it (and ~0.3 us faster in a chain, and cheaper to launch).
 void route(const RouteArgs& args, Stream stream);
-
-// Enqueues the kernel; no checks. Returns the launch error (cudaError_t as int).
-int launch(const RouteParams& params, Stream stream);
 
 // One-time setup for CUDA device `device` (-1: the current one), outside graph
 // capture, before the first route() on it. Throws std::invalid_argument on a

@@ -22,15 +22,15 @@
 
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
-#include "../common/tensor_map_cache.h"
+#include "../common/tensor_map.h"
 #include "../common/trace.cuh"
-#include "attn2_kernels.h"
 #include "config.cuh"
 #include "epilogue.cuh"
+#include "mainloop.cuh"
 #include "mainloop_mma.cuh"
 #include "mainloop_sm90.cuh"
 #include "merge.cuh"
-#include "muse_decode/attn2.h"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -50,11 +50,12 @@ namespace {
 // max_model_len 2048; the split kernel's counterpart measured within noise).
 template <int kCluster, bool kOneSlice, bool kWindow>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Attn2Params p) {
+    attn2_kernel(const __grid_constant__ CUtensorMap kv_map, const Params p) {
   using Mainloop =
       std::conditional_t<kWgmma, MainloopSm90<kCluster, kOneSlice, kWindow>, MainloopMma<kCluster, kOneSlice>>;
   using Rows = RowOwner<kCluster>;
   constexpr int kCols = Rows::kCols;
+  static_assert(is_mainloop<Mainloop, kCluster>::value, "a key loop implements mainloop.cuh's interface");
 
   extern __shared__ __align__(128) uint8_t smem[];  // the stages; after the key loop the merge areas
   __shared__ uint64_t full_bar[kBarriers];
@@ -68,9 +69,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
   const int req = blockIdx.z;
   const int lane = threadIdx.x % 32, rw = threadIdx.x / 32 % kRowWarps, kh = threadIdx.x / 32 / kRowWarps;
-  Mainloop loop(&kv_map, p, smem, full_bar, empty_bar, kWindow ? p.window : 0, req);
+  const MainloopSetup setup{&kv_map, p, smem, full_bar, empty_bar, kWindow ? p.window : 0, req};
+  Mainloop loop(setup);
   if (threadIdx.x == 0) {
-    loop.init_barriers();
+    Mainloop::init_barriers(setup);
     s_bad = 0;
     ptx::mbar_init(&recv_bar, 1);
     ptx::fence_mbarrier_init();
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   loop.run(st, trace);
 
   // ---- the key halves' merge ----
-  if (loop.bad) s_bad = 1;
+  if (loop.bad_page()) s_bad = 1;
   __syncthreads();  // the first half may still read the last stage
   // Every stage consumed: the receive area may be written (merge.cuh: why
   // relaxed). Where every loop is short it was before the loop (early_push).
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   ClusterMerge<kCluster> cluster;
   __half* merge_o = reinterpret_cast<__half*>(smem);
   if (kh == 0) {
-    if (loop.k.broken || s_bad != 0) st.l[0] = st.l[1] = NAN;  // a contract break: the rows come out NaN
+    if (loop.broken() || s_bad != 0) st.l[0] = st.l[1] = NAN;  // a contract break: the rows come out NaN
     cluster.encode(st, rw, lane, merge_o, s_mls);
   }
   trace.mark(Phase::kStateStored);
@@ -185,40 +187,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // The cache [pages, KVH, 16, 128] as 5-D (64 elements, K|V, key, KV head,
 // page), read in boxes of one page's K or V of one KV head (16 x 64, 2 KB),
 // 128-byte swizzled. The map depends only on (address, pages, KV heads): a
-// layer's cache hits a small per-thread table after its first call (encoding
-// costs host time, and an op has 5 us in all).
-bool kv_map(CUtensorMap* map, const Attn2Params& p) {
-  const detail::TensorMapKey key{p.kv_cache, {p.num_pages, p.num_kv_heads}};
-  return detail::cached_tensor_map<6>(map, key, [&](CUtensorMap* m) {
-    const auto encode = detail::encode_tiled_fn();
-    if (!encode) return false;
-    const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
-                                static_cast<cuuint64_t>(p.num_pages)};
-    const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
-                                   static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
-    const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
-    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-    return encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(p.kv_cache), dims, strides, box,
-                  elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  });
+// layer's cache hits this thread's table (src/common/tensor_map.h) after its
+// first call.
+struct MapSite {};
+bool kv_map(CUtensorMap* map, const Params& p) {
+  tma::MapDesc d;
+  d.data = p.kv_cache;
+  d.rank = 5;
+  d.promotion = tma::kPagePromotion;
+  const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
+                              static_cast<cuuint64_t>(p.num_pages)};
+  const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
+                                 static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
+  const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
+  for (int i = 0; i < 5; ++i) d.dims[i] = dims[i], d.box[i] = box[i];
+  for (int i = 0; i < 4; ++i) d.strides[i] = strides[i];
+  return tma::cached<MapSite, 6>(map, d);
 }
 
 // The kernel instances, per cluster size: one slice without a window, one
 // slice (with a window), several slices.
 enum class Variant { kOneSliceNoWindow, kOneSlice, kSplit };
-Variant variant_of(const Attn2Params& p) {
+Variant variant_of(const Params& p) {
   if (p.num_splits > 1) return Variant::kSplit;
   return p.window == 0 ? Variant::kOneSliceNoWindow : Variant::kOneSlice;
 }
 
 template <int kCluster>
-detail::LaunchShape launch_shape(const Attn2Params& p) {
+detail::LaunchShape launch_shape(const Params& p) {
   return {dim3(p.num_splits * kCluster, p.num_kv_heads, p.num_reqs), dim3(kThreads), kDynSmemBytes, kCluster, p.pdl};
 }
 
 template <int kCluster>
-int launch(const Attn2Params& p, cudaStream_t stream) {
+int launch_cluster(const Params& p, cudaStream_t stream) {
   CUtensorMap map;
   if (!kv_map(&map, p)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape = launch_shape<kCluster>(p);
@@ -236,7 +237,7 @@ int launch(const Attn2Params& p, cudaStream_t stream) {
 template <int kCluster, bool kOneSlice, bool kWindow>
 cudaError_t set_attributes_of() {
   constexpr auto kernel = attn2_kernel<kCluster, kOneSlice, kWindow>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynSmemBytes);
+  cudaError_t err = detail::set_smem_limit<kernel>(kDynSmemBytes);
   // The whole unified L1/shared array as shared memory: two CTAs per SM.
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -267,7 +268,7 @@ int max_active_clusters() {
 }
 
 template <int kCluster>
-int occupancy(int* blocks_per_sm, int* max_clusters) {
+int occupancy_of(int* blocks_per_sm, int* max_clusters) {
   const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks_per_sm, attn2_kernel<kCluster, false, true>, kThreads, kDynSmemBytes);
   *max_clusters = max_active_clusters<kCluster>();
@@ -275,34 +276,31 @@ int occupancy(int* blocks_per_sm, int* max_clusters) {
 }
 
 }  // namespace
-}  // namespace muse_decode::attn2_impl
 
-namespace muse_decode::detail {
-
-int attn2_launch(const Attn2Params& p, Stream stream) {
+int launch(const Params& p, Stream stream) {
   const auto s = reinterpret_cast<cudaStream_t>(stream);
   switch (p.cluster_size) {
-    case 8: return attn2_impl::launch<8>(p, s);
-    case 16: return attn2_impl::launch<16>(p, s);
+    case 8: return launch_cluster<8>(p, s);
+    case 16: return launch_cluster<16>(p, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int attn2_set_kernel_attributes(int* short_cluster_size) {
-  cudaError_t err = attn2_impl::set_attributes<8>();
-  if (err == cudaSuccess) err = attn2_impl::set_attributes<16>();
+int set_kernel_attributes(int* short_cluster_size) {
+  cudaError_t err = set_attributes<8>();
+  if (err == cudaSuccess) err = set_attributes<16>();
   if (err != cudaSuccess) return static_cast<int>(err);
   // Clusters of 16 are non-portable: take them only where the GPU can place one.
-  *short_cluster_size = attn2_impl::max_active_clusters<16>() > 0 ? 16 : 8;
+  *short_cluster_size = max_active_clusters<16>() > 0 ? 16 : 8;
   return 0;
 }
 
-int attn2_occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
+int occupancy(int cluster_size, int* blocks_per_sm, int* max_clusters) {
   switch (cluster_size) {
-    case 8: return attn2_impl::occupancy<8>(blocks_per_sm, max_clusters);
-    case 16: return attn2_impl::occupancy<16>(blocks_per_sm, max_clusters);
+    case 8: return occupancy_of<8>(blocks_per_sm, max_clusters);
+    case 16: return occupancy_of<16>(blocks_per_sm, max_clusters);
     default: return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::attn2_impl

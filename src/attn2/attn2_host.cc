@@ -8,9 +8,9 @@
 
 #include "../common/checks.h"
 #include "../common/hardware.h"
-#include "attn2_kernels.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/attn2.h"
+#include "params.h"
 
 namespace muse_decode {
 
@@ -23,19 +23,19 @@ constexpr int kRowsPerPair = kVerifyLen * kHeadsPerKvHead;  // 64
 constexpr int kMaxGridYZ = 65535;
 
 // Split-path heuristic. 2 CTAs fit per SM (107.9 KB of shared memory + 1.7 KB
-// static each). A slice is a cluster of CTAs; an H200 co-schedules 30
-// clusters of 8 (240 CTAs) or 14 of 16 (224; cudaOccupancyMaxActiveClusters,
-// measured: a cluster stays inside one GPC). More CTAs than that per request
-// start a second wave, which doubles the time of a one-request step
-// (measured: 16 TP8 slices of 8 = 256 CTAs took 24 us at L = 32k, two waves
-// of ~12). With 1-2 KV heads (TP8) a slice is a cluster of 16: half the
-// slices, so half the partials to merge through the workspace, and the
-// one-slice range (merged in the cluster only) reaches twice as far in L
-// (measured on the H200, same run, PDL: 2k 5.0 / 6.0 us, 32k 12.1 / 14.3 us
-// against clusters of 8; 8k and 128k within noise). So:
+// static each). A slice is a cluster of CTAs; the residency says how many
+// CTAs of the kernel the GPU co-schedules with clusters of 8 and of 16 (an
+// H200: 240 and 224; a cluster stays inside one GPC). More CTAs than that per
+// request start a second wave, which doubles the time of a one-request step
+// (16 TP8 slices of 8 = 256 CTAs took 24 us at L = 32k, two waves of ~12).
+// With 1-2 KV heads (TP8) a slice is a cluster of 16: half the slices, so
+// half the partials to merge through the workspace, and the one-slice range
+// (merged in the cluster only) reaches twice as far in L (H200, PDL: 2k 5.0
+// against 6.0 us, 32k 12.1 against 14.3 with clusters of 8). On an H200:
 //   TP8, KVH 2:  224 / (16 * 2) =  7 slices of 16 -> 224 CTAs (one wave)
 //   KVH 1:       14 slices of 16
 //   TP4, KVH 4:  240 / (8 * 4)  =  7 slices of 8  -> 224 CTAs
+//   KVH 3:       240 / (8 * 3)  = 10 slices of 8  -> 240 CTAs
 //   TP1, KVH 16: 240 / (8 * 16) =  1 -> raised to 2: 256 CTAs per request. With
 //     8 requests (the TP1 shape we serve) 2048 CTAs make 8.5 waves, against 4.3
 //     for one slice (a 0.3-full last wave of twice-as-long CTAs); one request
@@ -45,7 +45,13 @@ constexpr int kMaxGridYZ = 65535;
 constexpr int kMinSplits = 2;
 constexpr int kGroupKeys = 8 * kPageSize;
 int split_cluster(int num_kv_heads) { return num_kv_heads <= 2 ? 16 : 8; }
-int target_ctas(int cluster) { return cluster == 16 ? 224 : 240; }
+int resident_ctas(const Attn2Residency& r, int cluster) { return cluster == 16 ? r.resident_ctas_16 : r.resident_ctas_8; }
+
+// attn2 serves any KV-head count of a rank of Muse Spark's 16.
+constexpr int kMaxKvHeads = kNumKvHeads;
+void require_kv_heads(int64_t kvh, std::string_view name = "num_kv_heads") {
+  if (kvh < 1 || kvh > kMaxKvHeads) fail_expected(name, cat("in [1, ", kMaxKvHeads, "]"), kvh);
+}
 }  // namespace
 
 // The deployment's scalars, each checked where it is taken: they size
@@ -80,13 +86,13 @@ int attn2_window(std::optional<int> sliding_window, int max_model_len) {
   return *sliding_window;
 }
 
-int attn2_splits(int max_model_len, int window, int num_kv_heads) {
+int attn2_splits(int max_model_len, int window, int num_kv_heads, const Attn2Residency& residency) {
   check_max_model_len(max_model_len);
   check_window(window, max_model_len);
-  detail::require_kv_heads(num_kv_heads);
+  require_kv_heads(num_kv_heads);
   if (window != 0 || max_model_len <= kAttn2ShortMaxLen) return 1;
   const int cluster = split_cluster(num_kv_heads);
-  const int fill = std::max(kMinSplits, target_ctas(cluster) / (cluster * num_kv_heads));
+  const int fill = std::max(kMinSplits, resident_ctas(residency, cluster) / (cluster * num_kv_heads));
   const int64_t groups = (static_cast<int64_t>(max_model_len) + kGroupKeys - 1) / kGroupKeys;
   const int64_t useful = (groups + cluster - 1) / cluster;
   int64_t s = fill < useful ? fill : useful;
@@ -94,20 +100,29 @@ int attn2_splits(int max_model_len, int window, int num_kv_heads) {
   return s < 1 ? 1 : static_cast<int>(s);
 }
 
+int attn2_splits(int max_model_len, int window, int num_kv_heads) {
+  Attn2Residency r = kH200Attn2Residency;
+  if (supported_family(gpu_family(detail::resolve_device(-1)))) {
+    prepare_attn2(-1);
+    r = attn2_residency(-1);
+  }
+  return attn2_splits(max_model_len, window, num_kv_heads, r);
+}
+
 int64_t attn2_workspace_bytes(int num_reqs, int num_kv_heads, int num_splits) {
   if (num_reqs < 1 || num_reqs > kMaxGridYZ) fail_expected("num_reqs", cat("in [1, ", kMaxGridYZ, "]"), num_reqs);
-  detail::require_kv_heads(num_kv_heads);
+  require_kv_heads(num_kv_heads);
   check_num_splits(num_splits);
   if (num_splits == 1) return 0;
   const int64_t pairs = static_cast<int64_t>(num_reqs) * num_kv_heads;
-  return detail::attn2_counter_bytes(pairs) + detail::attn2_partial_bytes(pairs * num_splits * kRowsPerPair);
+  return attn2_impl::counter_bytes(pairs) + attn2_impl::partial_bytes(pairs * num_splits * kRowsPerPair);
 }
 
 std::optional<std::string> unsupported_attn2(const Attn2Layer& layer) {
   if (!(layer.use_o_norm && layer.use_o_gate)) return std::string("the layer has no o-norm with a sigmoid o-gate");
   if (layer.head_dim != kHeadDim) return cat("head_dim ", layer.head_dim, " (the kernel has ", kHeadDim, ")");
-  if (!detail::supported_kv_heads(layer.num_kv_heads))
-    return cat(layer.num_kv_heads, " KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
+  if (layer.num_kv_heads < 1 || layer.num_kv_heads > kMaxKvHeads)
+    return cat(layer.num_kv_heads, " KV heads per rank (the kernel serves 1 to ", kMaxKvHeads, ")");
   if (layer.num_heads != kHeadsPerKvHead * layer.num_kv_heads)
     return cat(layer.num_heads, " query heads for ", layer.num_kv_heads, " KV heads (the kernel has ",
                kHeadsPerKvHead, " per KV head)");
@@ -144,7 +159,7 @@ void check_cache(const TensorRef& kv) {
   if (kv.ndim != 4 || kv.shape[0] < 1 || kv.shape[1] < 1 || kv.shape[2] != kPageSize ||
       kv.shape[3] != kCacheRowWidth)
     fail_expected("kv_cache", cat("[pages, KVH, ", kPageSize, ", ", kCacheRowWidth, "]"), kv.shape_str());
-  if (!supported_kv_heads(kv.shape[1])) fail_expected("kv_cache KV heads", kKvHeadsText, kv.shape[1]);
+  require_kv_heads(kv.shape[1], "kv_cache KV heads");
   if (!kv.contiguous()) fail_expected("kv_cache", "contiguous", "a strided tensor");
   require_aligned(kv.data, "kv_cache", 16);
   if (kv.shape[0] > INT32_MAX) fail_expected("kv_cache pages", "at most 2^31 - 1", kv.shape[0]);
@@ -170,7 +185,11 @@ bool given(const TensorRef& t) { return t.present() && t.data != nullptr; }
 
 }  // namespace
 
-Attn2Params check_attn2(const Attn2Args& a) {
+}  // namespace muse_decode
+
+namespace muse_decode::attn2_impl {
+
+Params params_of(const Attn2Args& a, const Attn2Residency& residency) {
   using namespace detail;
   check_deployment(a.max_model_len, a.window, a.num_splits);
   const TensorRef& kv = a.kv_cache;
@@ -227,7 +246,7 @@ Attn2Params check_attn2(const Attn2Args& a) {
     for (const auto& [t, name] : inputs) require_disjoint(ws, "workspace", *t, name);
   }
 
-  Attn2Params p;
+  Params p;
   p.q = a.q.data;
   p.q_stride = a.q.stride[0];
   p.gate = a.gate.data;
@@ -245,10 +264,24 @@ Attn2Params check_attn2(const Attn2Args& a) {
   p.max_model_len = a.max_model_len;
   p.window = a.window;
   p.num_splits = a.num_splits;
-  p.cluster_size = a.num_splits == 1 ? 16 : split_cluster(kvh);
+  // 8 where the GPU cannot place a cluster of 16 (or the environment caps it).
+  const int cluster = a.num_splits == 1 ? 16 : split_cluster(kvh);
+  p.cluster_size = cluster == 16 ? residency.short_cluster_size : cluster;
   p.pdl = a.pdl;
+  if (p.num_splits > 1) {  // a split grid that fills the GPU exactly: its last cluster does less (see the kernel)
+    const int64_t ctas = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size;
+    const int64_t resident = resident_ctas(residency, p.cluster_size);
+    p.idle_last = ctas == resident;
+    p.resident = ctas <= resident;  // all of it on the GPU at once: the merging slice may wait for the others
+  }
   return p;
 }
+
+}  // namespace muse_decode::attn2_impl
+
+namespace muse_decode {
+
+void check_attn2(const Attn2Args& args) { attn2_impl::params_of(args, kH200Attn2Residency); }
 
 std::optional<std::string> unsupported_attn2_call(const Attn2Args& args) {
   return detail::reason_of([&] { check_attn2(args); });
@@ -274,14 +307,14 @@ void prepare_attn2(int device) {
   const int max_cluster = max_cluster_from_env();  // checked before the device
   detail::prepare_device(g_prepared, "attn2", device, [max_cluster](int) {
     Attn2Residency r;
-    detail::throw_if_cuda_error(detail::attn2_set_kernel_attributes(&r.short_cluster_size),
+    detail::throw_if_cuda_error(attn2_impl::set_kernel_attributes(&r.short_cluster_size),
                                 "prepare_attn2: setting the kernel attributes");
     if (max_cluster == 8) r.short_cluster_size = 8;
     // Co-resident CTAs with clusters of 8 and of 16; 0 (never idle_last or
     // resident) where the runtime cannot say.
     int blocks_per_sm = 0, clusters = 0;
-    if (detail::attn2_occupancy(8, &blocks_per_sm, &clusters) == detail::kCudaSuccess) r.resident_ctas_8 = 8 * clusters;
-    if (detail::attn2_occupancy(16, &blocks_per_sm, &clusters) == detail::kCudaSuccess)
+    if (attn2_impl::occupancy(8, &blocks_per_sm, &clusters) == detail::kCudaSuccess) r.resident_ctas_8 = 8 * clusters;
+    if (attn2_impl::occupancy(16, &blocks_per_sm, &clusters) == detail::kCudaSuccess)
       r.resident_ctas_16 = 16 * clusters;
     return r;
   });
@@ -293,19 +326,13 @@ Attn2Residency attn2_residency(int device) {
   fail(cat("attn2_residency(", device, ") needs prepare_attn2(", device, ") first"));
 }
 
-int launch(const Attn2Params& p, Stream stream) { return detail::attn2_launch(p, stream); }
-
 void attn2(const Attn2Args& args, Stream stream) {
-  Attn2Params p = check_attn2(args);
-  const Attn2Residency& r = detail::require_prepared(g_prepared, "attn2", args.kv_cache.device);
-  if (p.cluster_size == 16) p.cluster_size = r.short_cluster_size;  // 8 where the GPU cannot place a cluster of 16
-  if (p.num_splits > 1) {  // a split grid that fills the GPU exactly: its last cluster does less (see the kernel)
-    const int64_t ctas = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads * p.num_splits * p.cluster_size;
-    const int64_t resident = p.cluster_size == 16 ? r.resident_ctas_16 : r.resident_ctas_8;
-    p.idle_last = ctas == resident;
-    p.resident = ctas <= resident;  // all of it on the GPU at once: the merging slice may wait for the others
+  const Attn2Residency* r = g_prepared.find(args.kv_cache.device);
+  if (r == nullptr) {  // the arguments' reason first, then the missing prepare
+    check_attn2(args);
+    detail::require_prepared(g_prepared, "attn2", args.kv_cache.device);
   }
-  detail::throw_if_cuda_error(detail::attn2_launch(p, stream), "attn2: kernel launch");
+  detail::throw_if_cuda_error(attn2_impl::launch(attn2_impl::params_of(args, *r), stream), "attn2: kernel launch");
 }
 
 // ---------------------------------------------------------------------------
@@ -347,9 +374,9 @@ void Attn2::operator()(const TensorRef& q, const TensorRef& gate, const TensorRe
 #ifndef MUSE_DECODE_WITH_CUDA
 // A build without CUDA keeps the host API and answers the kernels' entries
 // with cudaErrorNotSupported.
-namespace muse_decode::detail {
-int attn2_launch(const Attn2Params&, Stream) { return kCudaErrorNotSupported; }
-int attn2_set_kernel_attributes(int*) { return kCudaErrorNotSupported; }
-int attn2_occupancy(int, int*, int*) { return kCudaErrorNotSupported; }
-}  // namespace muse_decode::detail
+namespace muse_decode::attn2_impl {
+int launch(const Params&, Stream) { return detail::kCudaErrorNotSupported; }
+int set_kernel_attributes(int*) { return detail::kCudaErrorNotSupported; }
+int occupancy(int, int*, int*) { return detail::kCudaErrorNotSupported; }
+}  // namespace muse_decode::attn2_impl
 #endif

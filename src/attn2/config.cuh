@@ -14,7 +14,9 @@
 
 #include <cstdint>
 
+#include "../common/arch_features.cuh"
 #include "../common/hardware.h"
+#include "../common/swizzle.cuh"
 #include "muse_decode/constants.h"
 
 // The key loop: wgmma on sm_90a (the H200), mma.sync everywhere else (sm_100a
@@ -24,15 +26,10 @@
 #ifndef MUSE_ATTN2_SM90_MMA_SYNC
 #define MUSE_ATTN2_SM90_MMA_SYNC 0
 #endif
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL) && !MUSE_ATTN2_SM90_MMA_SYNC
-#define MUSE_ATTN2_WGMMA 1
-#else
-#define MUSE_ATTN2_WGMMA 0
-#endif
 
 namespace muse_decode::attn2_impl {
 
-inline constexpr bool kWgmma = MUSE_ATTN2_WGMMA;
+inline constexpr bool kWgmma = arch::kHasWgmma && !MUSE_ATTN2_SM90_MMA_SYNC;
 
 // ---- threads -------------------------------------------------------------------
 inline constexpr int kRows = kVerifyLen * kHeadsPerKvHead;  // 64 query rows per (request, KV head)
@@ -85,9 +82,9 @@ inline constexpr int kSlicePages = 8;
 // passes of whole tiles in pieces of 8 (schedule.cuh).
 inline constexpr int kTailPages = 2;
 // The grid's last cluster, placed last under PDL (schedule.cuh): kLateTiles
-// fewer tiles per warpgroup from kLateMinRounds round-robin rounds on. TP8
-// 128k 22.28-22.45 us against 22.75-22.97 with 1 fewer, 22.40-22.90 with 3,
-// 23.61-23.80 with none.
+// fewer tiles per warpgroup from kLateMinRounds round-robin rounds on (TP8
+// 128k 22.28-22.45 us against 23.61-23.80 with none; docs/attn2.md has 1
+// and 3).
 inline constexpr int kLateTiles = 2;
 inline constexpr int kLateMinRounds = 4;
 
@@ -128,7 +125,7 @@ inline constexpr int kRecvOffset = (kWgStages - 1) * kWgStageBytes + 4096;  // 3
 inline constexpr int kRecvBytes = kRows * (kHeadDim * 2 + 16);  // 9216: 64 rows of fp16 O, then (m, l, 2^e)
 
 // ---- the shared-memory plan ----------------------------------------------------------
-inline constexpr int kWgSmemBytes = 2 * kWgStages * kWgStageBytes + kQTileBytes + 1024;  // + 1 KB to align to 1024
+inline constexpr int kWgSmemBytes = 2 * kWgStages * kWgStageBytes + kQTileBytes + swizzle::kAtomBytes;  // + the alignment
 inline constexpr int kDynSmemBytes = kMmaSmemBytes > kWgSmemBytes ? kMmaSmemBytes : kWgSmemBytes;
 inline constexpr int kBarriers = 2 * kWgStages > kStages ? 2 * kWgStages : kStages;
 // The kernel's static shared memory (barriers, per-row merge state, gate) stays under this.

@@ -15,9 +15,13 @@
 // page within the group.
 #pragma once
 
+#include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
+#include "../common/swizzle.cuh"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
+#include "mainloop.cuh"
+#include "page_ids.cuh"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -26,45 +30,45 @@ namespace muse_decode::attn2_impl {
 
 template <int kCluster, bool kOneSlice>
 struct MainloopMma {
-  const Attn2Params& p;
-  const int32_t* bt = nullptr;  // the request's block table
-  uint64_t* full;      // [kStages]: stage s's copies landed
-  uint64_t* empty;     // [kStages]: all 8 warps are done with stage s
-  uint32_t base;       // the stages
-  __nv_bfloat16* s_q;  // the Q tile after them: row = head * 8 + token, kQStride bf16 per row
+  // One ring for the CTA: warp 0 the producer, all 8 warps the consumers.
+  using Ring = pipeline::Ring<kStages, kStageBytes, pipeline::Wait::kSpin>;
+  using Position = pipeline::Position<kStages>;
+
+  const Params& p;
+  const int32_t* bt;   // the request's block table
+  Ring ring;
+  __nv_bfloat16* s_q;  // the Q tile after the stages: row = head * 8 + token, kQStride bf16 per row
   int window, lane, warp, rw, kh;
   int slice_id = 0, kvh = 0;  // this cluster's slice and KV head
   KeyRange k{};
   GroupSchedule g{};
-  int ids0 = -1;       // (lanes 0-7 of warp 0) the pages of this CTA's first group
-  int ids = -1, ids_next = -1;
+  PageIds<kGroupPages> ids;  // (warp 0) the pages of this CTA's groups, a batch of 4 ahead
   uint64_t policy = 0;
   const char* kv = nullptr;  // this KV head's slot of page 0
   int64_t page_pitch = 0;    // bytes between pages
   bool bad = false;    // a page id outside the cache
 
-  __device__ __forceinline__ MainloopMma(const CUtensorMap*, const Attn2Params& p_, uint8_t* smem, uint64_t* full_,
-                                         uint64_t* empty_, int window_, int)
-      : p(p_),
-        full(full_),
-        empty(empty_),
-        base(ptx::smem_addr(smem)),
-        s_q(reinterpret_cast<__nv_bfloat16*>(smem + kStagesBytes)),
-        window(window_),
+  // (The setup's kv_map is the TMA loop's: this one copies whole slots of
+  // p.kv_cache with cp.async.bulk.)
+  __device__ __forceinline__ explicit MainloopMma(const MainloopSetup& su)
+      : p(su.p),
+        bt(su.p.block_table + static_cast<int64_t>(su.req) * su.p.block_table_stride),
+        ring{ptx::smem_addr(su.smem), su.full, su.empty},
+        s_q(reinterpret_cast<__nv_bfloat16*>(su.smem + kStagesBytes)),
+        window(su.window),
         lane(threadIdx.x % 32),
         warp(threadIdx.x / 32),
         rw(threadIdx.x / 32 % kRowWarps),
         kh(threadIdx.x / 32 / kRowWarps) {}
 
-  // (Thread 0) stage s: full after 1 arrival and its bytes, empty after the 8 warps' arrivals.
-  __device__ __forceinline__ void init_barriers() const {
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      ptx::mbar_init(&full[st], 1);
-      ptx::mbar_init(&empty[st], kWarps);
-    }
+  // (Thread 0) a stage full after 1 arrival and its bytes, empty after the 8 warps' arrivals.
+  __device__ __forceinline__ static void init_barriers(const MainloopSetup& su) {
+    const Ring r{ptx::smem_addr(su.smem), su.full, su.empty};
+    r.init(kWarps);
   }
 
+  __device__ __forceinline__ bool bad_page() const { return bad; }
+  __device__ __forceinline__ bool broken() const { return k.broken; }
   __device__ __forceinline__ bool early_push() const { return false; }
   __device__ __forceinline__ int active() const { return g.active; }
   __device__ __forceinline__ int slice() const { return slice_id; }
@@ -84,12 +88,11 @@ struct MainloopMma {
     ptx::griddep_wait();
     trace.mark(Phase::kWaited);
     in.load(rows.merger);
-    bt = p.block_table + static_cast<int64_t>(req) * p.block_table_stride;
     // Without a window the first pages do not depend on L: their ids load
     // with it (one global latency saved).
-    if (warp == 0 && p.window == 0 && lane < kGroupPages) {
+    if (warp == 0 && window == 0 && lane < kGroupPages) {
       const int pi = (split * kCluster + rank) * kGroupPages + lane;
-      if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids0 = bt[pi];  // in the table, maybe past L
+      if (pi < (p.max_model_len + kPageSize - 1) / kPageSize) ids.first = bt[pi];  // in the table, maybe past L
     }
     const int len = p.seq_lens[req];
     trace.mark_after(Phase::kLength, len);
@@ -103,35 +106,25 @@ struct MainloopMma {
 
   __device__ __forceinline__ void publish_q() const {}
 
-  // Page ids one batch ahead: group 0 (lanes 0-7), then batches of 4 groups
-  // (lane -> group b + lane / 8, slot lane % 8) loaded while the previous one is used.
+  // The page ids of this CTA's groups b .. b + 3 (page_ids.cuh): lane -> group b + lane / 8, slot lane % 8.
   __device__ __forceinline__ int load_batch(int b) const {
     const int it2 = b + lane / 8;
     const int pi = k.first_page + g.group(it2) * kGroupPages + lane % 8;
     return (it2 < g.my_groups && pi <= k.last_page) ? bt[pi] : -1;
   }
-  // Group j (this CTA's j-th) into stage j % kStages, which is free.
+  // Group j (this CTA's j-th) as fill j of the ring, whose stage is free.
   __device__ __forceinline__ void issue(int j) {
-    const int st = j % kStages;
-    int id;
-    if (j == 0) {
-      id = ids0;
-    } else {
-      if (((j - 1) & 3) == 0) {
-        ids = ids_next;
-        ids_next = load_batch(j + 4);
-      }
-      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) & 3) * 8 + (lane & 7));
-    }
+    const Position at = Position::of(j);
+    const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const bool want = lane < kGroupPages && k.first_page + g.group(j) * kGroupPages + lane <= k.last_page;
     const bool ok = want && id >= 0 && id < p.num_pages;
     bad |= want && !ok;
     const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-    if (lane == 0) ptx::mbar_arrive_expect_tx(&full[st], __popc(ok_mask) * kPageBytes);
+    if (lane == 0) ring.arm(at, __popc(ok_mask) * kPageBytes);
     __syncwarp();
     if (ok)
-      ptx::bulk_copy_g2s(base + st * kStageBytes + lane * kSlotBytes, kv + id * page_pitch, kPageBytes,
-                         ptx::smem_addr(&full[st]), policy);
+      ptx::bulk_copy_g2s(ring.stage_addr(at) + lane * kSlotBytes, kv + id * page_pitch, kPageBytes, ring.full_bar(at),
+                         policy);
   }
 
   // The first ring (the kernel has waited for its predecessor already).
@@ -140,9 +133,9 @@ struct MainloopMma {
     kv = static_cast<const char*>(p.kv_cache) + static_cast<int64_t>(kvh) * kPageBytes;
     page_pitch = static_cast<int64_t>(p.num_kv_heads) * kPageBytes;
     if (warp != 0) return;
-    if (p.window != 0 && lane < kGroupPages && g.my_groups > 0 && k.first_page + g.me * kGroupPages + lane <= k.last_page)
-      ids0 = bt[k.first_page + g.me * kGroupPages + lane];
-    ids_next = load_batch(1);
+    if (window != 0 && lane < kGroupPages && g.my_groups > 0 && k.first_page + g.me * kGroupPages + lane <= k.last_page)
+      ids.first = bt[k.first_page + g.me * kGroupPages + lane];
+    ids.next = load_batch(1);
     for (int j = 0; j < min(kStages, g.my_groups); ++j) issue(j);
   }
 
@@ -159,19 +152,20 @@ struct MainloopMma {
   template <typename Trace>
   __device__ __forceinline__ void run(SoftmaxState& st, Trace&) {
     // This lane's ldmatrix row of the m16k16 Q fragments: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15).
-    const uint32_t q_addr = ptx::smem_addr(s_q) + (rw * 16 + lane % 8 + ((lane / 8) % 2) * 8) * (kQStride * 2) + (lane / 16) * 16;
-    const int L = k.len;
-    const int pos = L - kVerifyLen + lane / 4;  // this thread's rows' position
+    const uint32_t q_addr =
+        ptx::smem_addr(s_q) + (rw * 16 + swizzle::a_row(lane)) * (kQStride * 2) + swizzle::a_chunk(lane) * 16;
+    const int len = k.len;
+    const int pos = len - kVerifyLen + lane / 4;  // this thread's rows' position
     const int slot_lo = (lane % 4) * 2;         // page slots of this thread's S columns: slot_lo, slot_lo + 1
     for (int it = 0; it < g.my_groups; ++it) {
-      const int stage = it % kStages;
-      ptx::mbar_wait_spin(&full[stage], (it / kStages) & 1);
+      const Position at = Position::of(it);
+      ring.wait(at);
       // ldmatrix row address of this lane: page slot lane % 8 of the stage.
-      const uint32_t slot = base + stage * kStageBytes + (lane % 8) * kSlotBytes;
+      const uint32_t slot = ring.stage_addr(at) + (lane % 8) * kSlotBytes;
       const int key0 = (k.first_page + g.group(it) * kGroupPages) * kPageSize;
       // Uniform per group: only groups holding keys past row 0's position or
       // below row 7's window need masks (and, past L, zeroed V).
-      const bool masked = key0 + kGroupKeys - 1 > L - kVerifyLen || (p.window > 0 && key0 < L - p.window);
+      const bool masked = key0 + kGroupKeys - 1 > len - kVerifyLen || (window > 0 && key0 < len - window);
 
       // S = Q K^T: n-tile t is key kh * kKeyTiles + t of the 8 pages; column n = page slot.
       // k-step outer: one Q fragment (4 registers) live at a time.
@@ -194,7 +188,7 @@ struct MainloopMma {
       }
       if (masked)
         mask_tile(s, [&](int t, int e) { return key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t; }, pos,
-                  p.window);
+                  window);
       float alpha[2];
       online_softmax(s, st.m, st.l, alpha);
       rescale(st.o, alpha);
@@ -215,8 +209,8 @@ struct MainloopMma {
             // Keys past L may hold anything (NaN): P is 0 there, but 0 * NaN is not.
             // This lane holds slots slot_lo (low half) and slot_lo + 1 (high half).
             const int j_lo = key0 + slot_lo * kPageSize + 2 * kk;
-            const uint32_t keep0 = (j_lo < L ? 0x0000FFFFu : 0u) | (j_lo + kPageSize < L ? 0xFFFF0000u : 0u);
-            const uint32_t keep1 = (j_lo + 1 < L ? 0x0000FFFFu : 0u) | (j_lo + 1 + kPageSize < L ? 0xFFFF0000u : 0u);
+            const uint32_t keep0 = (j_lo < len ? 0x0000FFFFu : 0u) | (j_lo + kPageSize < len ? 0xFFFF0000u : 0u);
+            const uint32_t keep1 = (j_lo + 1 < len ? 0x0000FFFFu : 0u) | (j_lo + 1 + kPageSize < len ? 0xFFFF0000u : 0u);
             v[0] &= keep0;
             v[2] &= keep0;
             v[1] &= keep1;
@@ -227,9 +221,9 @@ struct MainloopMma {
         }
       }
       __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&empty[stage]);
+      if (lane == 0) ring.release(at);
       if (warp == 0 && it + kStages < g.my_groups) {
-        ptx::mbar_wait_spin(&empty[stage], (it / kStages) & 1);  // every warp is done with this stage
+        ring.acquire(Position::of(it + kStages));  // every warp is done with this stage
         issue(it + kStages);
       }
     }

@@ -17,11 +17,15 @@
 
 #include <cuda.h>
 
+#include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
 #include "../common/sm90_wgmma.cuh"
+#include "../common/swizzle.cuh"
 #include "../common/trace.cuh"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
+#include "mainloop.cuh"
+#include "page_ids.cuh"
+#include "params.h"
 #include "rows.cuh"
 #include "schedule.cuh"
 #include "softmax.cuh"
@@ -31,27 +35,26 @@ namespace muse_decode::attn2_impl {
 // The raw scores of one 64-key tile again, on this warp's tensor cores:
 // mma.sync m16n8k16, whose accumulators hold the same elements as wgmma's
 // m64n64 does for the warp's 16 rows. Q rows rw * 16 .. of q_tile, the keys
-// of k_tile, both 1024-byte aligned, 128 bytes per row and 128-byte swizzled
-// (16-byte chunk c of row r at (c ^ r % 8) * 16; every row this lane
+// of k_tile, both in the 128-byte swizzle (swizzle.cuh; every row this lane
 // addresses has r % 8 = lane % 8). later_softmax's slow path only: one
 // k-step at a time, few registers.
 __device__ __forceinline__ void scores_again(float (&s)[8][4], uint32_t q_tile, uint32_t k_tile, int rw, int lane) {
   const int sw = lane % 8;
 #pragma unroll
   for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-  // A: matrices (rows 0-7, 8-15) x (dims 0-7, 8-15) of the k-step; lane i gives row i % 8 of matrix i / 8.
-  const uint32_t q_row = q_tile + (rw * 16 + sw + (lane / 8) % 2 * 8) * 128;
-  // B: keys 8t + lane % 8 (t * 1024 bytes on), chunks 2ks and 2ks + 1 from lanes 0-7 and 8-15.
-  const uint32_t k_row = k_tile + sw * 128;
+  // A: the row block's 16 Q rows; B: keys 8t + lane % 8 (one swizzle atom
+  // per n-tile t), chunks 2ks and 2ks + 1 from lanes 0-7 and 8-15.
+  const uint32_t q_row = q_tile + (rw * 16 + swizzle::a_row(lane)) * swizzle::kRowBytes;
+  const uint32_t k_row = k_tile + sw * swizzle::kRowBytes;
 #pragma unroll 1
   for (int ks = 0; ks < 4; ++ks) {
     uint32_t a[4];
-    ptx::ldmatrix_x4(a, q_row + (((2 * ks + lane / 16) ^ sw) << 4));
-    const uint32_t kb = k_row + (((2 * ks + (lane / 8) % 2) ^ sw) << 4);
+    ptx::ldmatrix_x4(a, q_row + (((2 * ks + swizzle::a_chunk(lane)) ^ sw) << 4));
+    const uint32_t kb = k_row + (((2 * ks + swizzle::b_chunk(lane)) ^ sw) << 4);
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
       uint32_t b[2];
-      ptx::ldmatrix_x2(b, kb + t * 1024);
+      ptx::ldmatrix_x2(b, kb + t * swizzle::kAtomBytes);
       ptx::mma_m16n8k16_bf16(s[t], a, b[0], b[1]);
     }
   }
@@ -64,50 +67,58 @@ struct MainloopSm90 {
   static constexpr bool kLaterMax = !kOneSlice;
   // Tile 0's slots may lie below the window's first page (the odd tile).
   static constexpr bool kHeadTiles = kOneSlice && kWindow;
-  static constexpr int kBatchTiles = 32 / kTilePages;  // page ids of 8 tiles per warp load
+  // Each warpgroup's own ring: its kWgStages stages (K then V of a tile)
+  // and their barriers, its warp 0 the producer, its 4 warps the consumers.
+  using Ring = pipeline::Ring<kWgStages, kWgStageBytes, pipeline::Wait::kSpin>;
+  using Position = pipeline::Position<kWgStages>;
 
   const CUtensorMap* map;
-  const Attn2Params& p;
+  const Params& p;
   const int32_t* bt;   // the request's block table
-  uint64_t* full;      // [2 kWgStages]: stage s's copies landed (warpgroup kh: stages kh kWgStages ..)
-  uint64_t* empty;     // [2 kWgStages]: the warpgroup's 4 warps are done with stage s
-  uint32_t base;       // the stages, 1024-byte aligned for the swizzle
+  uint32_t base;       // both warpgroups' stages, aligned to the swizzle's atom
   uint32_t q_tile;     // the Q tile after them
   int window, lane, rw, kh;
+  Ring ring;           // this warpgroup's: stages kh kWgStages .., warpgroup 1's after warpgroup 0's
   KeyRange k{};
   TileSchedule s{};
-  int ids0 = -1;       // (lanes 0-3 of warp 0 of the warpgroup) the pages of its first tile
-  int ids = -1, ids_next = -1;  // the pages of the current and next batch of kBatchTiles tiles
+  PageIds<kTilePages> ids;  // (warp 0 of the warpgroup) the pages of its tiles, a batch of 8 ahead
   int issued = 0;      // tiles issued; -1: tile 0's older pages only
-  int ring = 0;        // stages in use: min(kWgStages, my_tiles)
+  int first_fills = 0; // the ring's first round: min(kWgStages, my_tiles) tiles
   uint64_t policy = 0;
   bool bad = false;    // a page id outside the cache
 
-  __device__ __forceinline__ MainloopSm90(const CUtensorMap* map_, const Attn2Params& p_, uint8_t* smem,
-                                          uint64_t* full_, uint64_t* empty_, int window_, int req)
-      : map(map_),
-        p(p_),
-        bt(p_.block_table + static_cast<int64_t>(req) * p_.block_table_stride),
-        full(full_),
-        empty(empty_),
-        base((ptx::smem_addr(smem) + 1023u) & ~1023u),
-        q_tile(base + 2 * kWgStages * kWgStageBytes),
-        window(window_),
-        lane(threadIdx.x % 32),
-        rw(threadIdx.x / 32 % kRowWarps),
-        kh(threadIdx.x / 32 / kRowWarps) {}
-
-  // (Thread 0) stage s of warpgroup h: full after 1 arrival and its bytes,
-  // empty after its 4 warps' arrivals.
-  __device__ __forceinline__ void init_barriers() const {
-    ptx::prefetch_tensor_map(map);
-#pragma unroll
-    for (int st = 0; st < 2 * kWgStages; ++st) {
-      ptx::mbar_init(&full[st], 1);
-      ptx::mbar_init(&empty[st], kRowWarps);
-    }
+  __device__ __forceinline__ static uint32_t aligned_base(const uint8_t* smem) {
+    constexpr uint32_t kAlign = swizzle::kAtomBytes;
+    return (ptx::smem_addr(smem) + kAlign - 1) & ~(kAlign - 1);
+  }
+  __device__ __forceinline__ static Ring ring_of(const MainloopSetup& su, uint32_t base, int half) {
+    return {base + static_cast<uint32_t>(half * kWgStages * kWgStageBytes), su.full + half * kWgStages,
+            su.empty + half * kWgStages};
   }
 
+  __device__ __forceinline__ explicit MainloopSm90(const MainloopSetup& su)
+      : map(su.kv_map),
+        p(su.p),
+        bt(su.p.block_table + static_cast<int64_t>(su.req) * su.p.block_table_stride),
+        base(aligned_base(su.smem)),
+        q_tile(base + 2 * kWgStages * kWgStageBytes),
+        window(su.window),
+        lane(threadIdx.x % 32),
+        rw(threadIdx.x / 32 % kRowWarps),
+        kh(threadIdx.x / 32 / kRowWarps),
+        ring(ring_of(su, base, kh)) {}
+
+  // (Thread 0) both warpgroups' rings: a stage full after 1 arrival and its
+  // bytes, empty after its warpgroup's 4 warps' arrivals.
+  __device__ __forceinline__ static void init_barriers(const MainloopSetup& su) {
+    ptx::prefetch_tensor_map(su.kv_map);
+    const uint32_t base = aligned_base(su.smem);
+    ring_of(su, base, 0).init(kRowWarps);
+    ring_of(su, base, 1).init(kRowWarps);
+  }
+
+  __device__ __forceinline__ bool bad_page() const { return bad; }
+  __device__ __forceinline__ bool broken() const { return k.broken; }
   __device__ __forceinline__ bool early_push() const { return s.early_push; }
   __device__ __forceinline__ int active() const { return s.active; }
   __device__ __forceinline__ int slice() const { return s.split; }
@@ -146,15 +157,15 @@ struct MainloopSm90 {
     // place in launch order and for its interleaved place (whether the
     // interleave applies depends on L, which slice it is does not; TP8 128k:
     // the first copies 0.5 us sooner).
-    ids0 = first_tile_ids(2 * (split * kCluster + rank) + kh);
-    const int ids0_il = !kOneSlice && d.one_request && d.num_splits > 1
+    ids.first = first_tile_ids(2 * (split * kCluster + rank) + kh);
+    const int first_il = !kOneSlice && d.one_request && d.num_splits > 1
                             ? first_tile_ids(2 * (interleaved_split(head_y, split, d) * kCluster + rank) + kh)
                             : -1;
     const int len = p.seq_lens[req];
     trace.mark_after(Phase::kLength, len);
     k = key_range(len, window, p.max_model_len);
     s = tile_schedule<kCluster, kOneSlice, kWindow>(d, k, split, head_y, rank, kh, req);
-    if (s.interleaved) ids0 = ids0_il;
+    if (s.interleaved) ids.first = first_il;
     if (s.leaves()) return false;
     if (s.early_push) {
       ptx::cluster_arrive_relaxed();  // (see the kernel: the receive area may be written)
@@ -175,47 +186,34 @@ struct MainloopSm90 {
   // The Q tile is read by wgmma, through the async proxy.
   __device__ __forceinline__ void publish_q() const { ptx::fence_proxy_async_smem(); }
 
-  __device__ __forceinline__ uint32_t stage_addr(int st) const {
-    return base + static_cast<uint32_t>(st) * kWgStageBytes;
-  }
-
   // The page ids of this warpgroup's tiles b .. b + 7: lane -> tile b + lane / 4, page lane % 4.
   __device__ __forceinline__ int load_batch(int b) const {
     const int t = b + lane / kTilePages;
     const int pi = s.first_page_of(t) + lane % kTilePages;
     return (t < s.my_tiles && pi <= k.last_page && (!kHeadTiles || pi >= k.first_page)) ? bt[pi] : -1;
   }
-  // Stage st expects the bytes of the pages this warp's lanes copy (ok).
-  __device__ __forceinline__ void arm_stage(int st, bool ok) {
+  // The fill at expects the bytes of the pages this warp's lanes copy (ok).
+  __device__ __forceinline__ void arm_stage(Position at, bool ok) {
     const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-    if (lane == 0) ptx::mbar_arrive_expect_tx(&full[st], __popc(ok_mask) * kPageBytes);
+    if (lane == 0) ring.arm(at, __popc(ok_mask) * kPageBytes);
     __syncwarp();
   }
-  // This lane's page (its K and V boxes) into its slot of stage st.
-  __device__ __forceinline__ void copy_page(int st, int id, int kvh) const {
-    const uint32_t dst = stage_addr(st) + lane * (kHalfBytes / kTilePages);
-    ptx::tma_load_5d(dst, map, 0, 0, 0, kvh, id, ptx::smem_addr(&full[st]), policy);               // K
-    ptx::tma_load_5d(dst + kHalfBytes, map, 0, 1, 0, kvh, id, ptx::smem_addr(&full[st]), policy);  // V
+  // This lane's page (its K and V boxes) into its slot of the fill at.
+  __device__ __forceinline__ void copy_page(Position at, int id, int kvh) const {
+    const uint32_t dst = ring.stage_addr(at) + lane * (kHalfBytes / kTilePages);
+    ptx::tma_load_5d(dst, map, 0, 0, 0, kvh, id, ring.full_bar(at), policy);               // K
+    ptx::tma_load_5d(dst + kHalfBytes, map, 0, 1, 0, kvh, id, ring.full_bar(at), policy);  // V
   }
-  // Tile j (this warpgroup's j-th) into its stage j % kWgStages, which is free.
+  // Tile j (this warpgroup's j-th) as fill j of its ring, whose stage is free.
   __device__ __forceinline__ void issue(int j) {
-    const int st = kh * kWgStages + j % kWgStages;
-    int id;
-    if (j == 0) {
-      id = ids0;
-    } else {
-      if ((j - 1) % kBatchTiles == 0) {
-        ids = ids_next;
-        ids_next = load_batch(j + kBatchTiles);
-      }
-      id = __shfl_sync(0xFFFFFFFFu, ids, ((j - 1) % kBatchTiles) * kTilePages + lane % kTilePages);
-    }
+    const Position at = Position::of(j);
+    const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const int pi = s.first_page_of(j) + lane;
     const bool want = lane < kTilePages && pi <= k.last_page && (!kHeadTiles || pi >= k.first_page);
     const bool ok = want && id >= 0 && id < p.num_pages;
     bad |= want && !ok;
-    arm_stage(st, ok);
-    if (ok) copy_page(st, id, s.kv_head);
+    arm_stage(at, ok);
+    if (ok) copy_page(at, id, s.kv_head);
   }
 
   // Warp 0 of each warpgroup (rw == 0), before griddepcontrol.wait: up to
@@ -225,25 +223,25 @@ struct MainloopSm90 {
   // its barrier, and only the pages with the step's keys after the wait.
   template <typename Trace>
   __device__ __forceinline__ void load_before_wait(Trace& trace) {
-    ring = min(kWgStages, s.my_tiles);
+    first_fills = min(kWgStages, s.my_tiles);
     policy = ptx::evict_first_policy();
     if (rw != 0) return;
-    // (Without a window ids0 already holds the first tile's ids, loaded
+    // (Without a window ids.first already holds the first tile's ids, loaded
     // before L, unless the warpgroup takes pairs.)
-    if ((window != 0 || s.r_two > 0) && lane < kTilePages && s.my_tiles > 0 &&
+    if ((window != 0 || s.paired_wgs > 0) && lane < kTilePages && s.my_tiles > 0 &&
         s.first_page_of(0) + lane <= k.last_page)
-      ids0 = bt[s.first_page_of(0) + lane];
-    ids_next = load_batch(1);
-    trace.mark_after(Phase::kFirstIds, ids0);
-    const int early = s.r_two > 0 || s.has_piece ? 2 : kEarlyTiles;
-    while (issued < min(ring, early) && s.first_page_of(issued) + kTilePages - 1 < k.first_new_page) issue(issued++);
-    if (issued == 0 && ring > 0 && early > 0 && s.first_page_of(0) < k.first_new_page) {
+      ids.first = bt[s.first_page_of(0) + lane];
+    ids.next = load_batch(1);
+    trace.mark_after(Phase::kFirstIds, ids.first);
+    const int early = s.paired_wgs > 0 || s.has_piece ? 2 : kEarlyTiles;
+    while (issued < min(first_fills, early) && s.first_page_of(issued) + kTilePages - 1 < k.first_new_page) issue(issued++);
+    if (issued == 0 && first_fills > 0 && early > 0 && s.first_page_of(0) < k.first_new_page) {
       const int pi = s.first_page_of(0) + lane;
       const bool want = lane < kTilePages && pi <= k.last_page;
-      const bool ok = want && ids0 >= 0 && ids0 < p.num_pages;
+      const bool ok = want && ids.first >= 0 && ids.first < p.num_pages;
       bad |= want && !ok;
-      arm_stage(kh * kWgStages, ok);
-      if (ok && pi < k.first_new_page) copy_page(kh * kWgStages, ids0, s.kv_head);
+      arm_stage(Position::of(0), ok);
+      if (ok && pi < k.first_new_page) copy_page(Position::of(0), ids.first, s.kv_head);
       issued = -1;
     }
     trace.mark(Phase::kEarlyIssued);
@@ -254,42 +252,43 @@ struct MainloopSm90 {
     if (rw != 0) return;
     if (issued < 0) {  // tile 0's pages with this step's keys
       const int pi = s.first_page_of(0) + lane;
-      if (lane < kTilePages && pi <= k.last_page && pi >= k.first_new_page && ids0 >= 0 && ids0 < p.num_pages)
-        copy_page(kh * kWgStages, ids0, s.kv_head);
+      if (lane < kTilePages && pi <= k.last_page && pi >= k.first_new_page && ids.first >= 0 &&
+          ids.first < p.num_pages)
+        copy_page(Position::of(0), ids.first, s.kv_head);
       issued = 1;
     }
-    while (issued < ring) issue(issued++);
+    while (issued < first_fills) issue(issued++);
   }
 
   // The 16 Q rows of this warp's row block into the Q tile, 128-byte swizzled
-  // (16-byte chunk c of row r at r * 128 + (c ^ r % 8) * 16); each of the row
-  // block's two warps stores half of them.
+  // (swizzle.cuh); each of the row block's two warps stores half of them.
   __device__ __forceinline__ void stage_q(const uint4 (&qv)[2]) const {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const QChunk q = q_chunk(j, kh, lane);
       const int r = rw * 16 + q.r;
-      ptx::st_shared_v4(q_tile + r * 128 + ((q.c ^ (r % 8)) * 16), qv[j].x, qv[j].y, qv[j].z, qv[j].w);
+      ptx::st_shared_v4(q_tile + swizzle::offset(r, q.c), qv[j].x, qv[j].y, qv[j].z, qv[j].w);
     }
   }
 
   // ---- the consumer: this warpgroup's tiles through the online softmax ----
 
-  // Tile it's stage, once its copies have landed, with the V rows of keys
-  // past L zeroed (they may hold anything, NaN included, and pages past the
-  // last are not loaded: P is 0 there, but 0 * NaN is not). key0: the tile's
-  // first key; masked: some row does not see some key of it.
+  // Tile it's stage (its address), once its copies have landed, with the V
+  // rows of keys past L zeroed (they may hold anything, NaN included, and
+  // pages past the last are not loaded: P is 0 there, but 0 * NaN is not).
+  // key0: the tile's first key; masked: some row does not see some key of it.
   template <typename Trace>
-  __device__ __forceinline__ int tile_ready(int it, int& key0, bool& masked, Trace& trace) {
-    const int st = kh * kWgStages + it % kWgStages;
-    ptx::mbar_wait_spin(&full[st], (it / kWgStages) & 1);
+  __device__ __forceinline__ uint32_t tile_ready(int it, int& key0, bool& masked, Trace& trace) {
+    const Position at = Position::of(it);
+    ring.wait(at);
     if (it == 1) trace.mark(Phase::kSecondTile);
     if (it >= 2) trace.mark(Phase::kLastTile);
     key0 = s.first_page_of(it) * kPageSize;
-    const int L = k.len;
-    if (key0 + kTileKeys > L) {
-      const uint32_t v_tile = stage_addr(st) + kHalfBytes;
-      for (int c = max(0, L - key0) * 8 + static_cast<int>(threadIdx.x % kHalfThreads); c < kTileKeys * 8;
+    const int len = k.len;
+    const uint32_t stage = ring.stage_addr(at);
+    if (key0 + kTileKeys > len) {
+      const uint32_t v_tile = stage + kHalfBytes;
+      for (int c = max(0, len - key0) * 8 + static_cast<int>(threadIdx.x % kHalfThreads); c < kTileKeys * 8;
            c += kHalfThreads)
         ptx::st_shared_v4(v_tile + c * 16, 0, 0, 0, 0);
       ptx::fence_proxy_async_smem();
@@ -300,38 +299,39 @@ struct MainloopSm90 {
     }
     // Uniform per tile: only tiles holding keys past row 0's position or
     // below row 7's window need masks.
-    masked = key0 + kTileKeys - 1 > L - kVerifyLen || (window > 0 && key0 < L - window);
-    return st;
+    masked = key0 + kTileKeys - 1 > len - kVerifyLen || (window > 0 && key0 < len - window);
+    return stage;
   }
 
-  // S = Q K^T of stage st: 4 k-steps of 16 dims (32 bytes into the swizzled rows), asynchronous.
+  // S = Q K^T of the keys at k_tile (a stage, or a piece of one): 4 k-steps
+  // of 16 dims (32 bytes into the swizzled rows), asynchronous.
   template <int N>
-  __device__ __forceinline__ void issue_s(float (&acc)[N][4], int st, uint32_t k_offset = 0) const {
+  __device__ __forceinline__ void issue_s(float (&acc)[N][4], uint32_t k_tile) const {
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
-      ptx::wgmma_ss(acc, ptx::sw128_desc(q_tile + ks * 32, 16, 1024),
-                    ptx::sw128_desc(stage_addr(st) + k_offset + ks * 32, 16, 1024), ks);
+      ptx::wgmma_ss(acc, ptx::sw128_desc(q_tile + ks * 32, 16, swizzle::kAtomBytes),
+                    ptx::sw128_desc(k_tile + ks * 32, 16, swizzle::kAtomBytes), ks);
     ptx::wgmma_commit();
   }
-  // The descriptor of k-step kk's V rows (keys 16 kk .. 16 kk + 15, 2048 bytes) of stage st.
-  __device__ __forceinline__ uint64_t v_desc(int st, int kk) const {
-    return ptx::sw128_desc(stage_addr(st) + kHalfBytes + kk * 2048, kHalfBytes, 1024);
+  // The descriptor of k-step kk's V rows (keys 16 kk .. 16 kk + 15: two atoms) of a stage.
+  __device__ __forceinline__ uint64_t v_desc(uint32_t stage, int kk) const {
+    return ptx::sw128_desc(stage + kHalfBytes + kk * 2 * swizzle::kAtomBytes, kHalfBytes, swizzle::kAtomBytes);
   }
-  // O += P V of stage st, asynchronous.
-  __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[4][4], int st) const {
+  // O += P V of a stage, asynchronous.
+  __device__ __forceinline__ void issue_pv(float (&o)[8][4], const uint32_t (&pa)[4][4], uint32_t stage) const {
     ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_rs(o, pa[kk], v_desc(st, kk));
+    for (int kk = 0; kk < 4; ++kk) ptx::wgmma_rs(o, pa[kk], v_desc(stage, kk));
     ptx::wgmma_commit();
   }
-  // This warp is done with stage st of tile it; warp 0 refills it with tile
+  // This warp is done with tile it's stage; warp 0 refills it with tile
   // it + kWgStages once all 4 are.
-  __device__ __forceinline__ void release(int it, int st) {
+  __device__ __forceinline__ void release(int it) {
     __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&empty[st]);
+    if (lane == 0) ring.release(Position::of(it));
     if (rw == 0 && it + kWgStages < s.my_tiles) {
-      ptx::mbar_wait_spin(&empty[st], (it / kWgStages) & 1);
+      ring.acquire(Position::of(it + kWgStages));
       issue(it + kWgStages);
     }
   }
@@ -351,15 +351,15 @@ struct MainloopSm90 {
       int key0;
       bool masked;
       float alpha[2];
-      int cur = tile_ready(0, key0, masked, trace);
+      uint32_t cur = tile_ready(0, key0, masked, trace);
       trace.mark(Phase::kFirstTile);
       issue_s(s_acc, cur);
       if (s.has_piece) {  // (warpgroup-uniform) one pass over the tile and its piece: 64 + 8 keys
         int key0b;
         bool unused;
-        const int sb = tile_ready(1, key0b, unused, trace);
+        const uint32_t sb = tile_ready(1, key0b, unused, trace);
         float t_acc[1][4];
-        issue_s(t_acc, sb, s.piece_at * 1024);  // keys 8 piece_at .. of its stage: one 1024-byte swizzle atom
+        issue_s(t_acc, sb + s.piece_at * swizzle::kAtomBytes);  // keys 8 piece_at .. of its stage: one swizzle atom
         ptx::wgmma_wait<0>();
         ptx::pin(s_acc);
         ptx::pin(t_acc);
@@ -392,7 +392,7 @@ struct MainloopSm90 {
         ptx::pin(st.o);
         ptx::pin_a(pa);
         ptx::pin_a(pb);
-        release(0, cur);
+        release(0);
       } else {
         ptx::wgmma_wait<0>();
         ptx::pin(s_acc);
@@ -403,15 +403,15 @@ struct MainloopSm90 {
         pack_p(s_acc, pa);
         trace.mark(Phase::kFirstSoftmax);
         for (int it = 0; it + 1 < s.my_tiles; ++it) {
-          const int next = tile_ready(it + 1, key0, masked, trace);
+          const uint32_t next = tile_ready(it + 1, key0, masked, trace);
           issue_s(s_acc, next);
           issue_pv(st.o, pa, cur);
           ptx::wgmma_wait<1>();  // S of tile it + 1 (committed first); P V of tile it may still run
           ptx::pin(s_acc);
-          bool usual = true;  // this tile takes online_softmax and O its alpha
+          bool full_step = true;  // this tile takes online_softmax and O its alpha (rare with kLaterMax)
           if (kLaterMax) {
             mask_if(s_acc, key0, masked);
-            usual = later_softmax(s_acc, st.m, st.l);
+            full_step = later_softmax(s_acc, st.m, st.l);
           } else {
             mask_if(s_acc, key0, masked);
             online_softmax(s_acc, st.m, st.l, alpha);
@@ -419,13 +419,13 @@ struct MainloopSm90 {
           ptx::wgmma_wait<0>();
           ptx::pin(st.o);
           ptx::pin_a(pa);  // the P V just done read pa asynchronously: its registers were live until here
-          release(it, cur);
-          if (kLaterMax && usual) {  // (warp-uniform, rare) the scores again, with pa's registers free
-            scores_again(s_acc, q_tile, stage_addr(next), rw, lane);
+          release(it);
+          if (kLaterMax && full_step) {  // (warp-uniform, rare) the scores again, with pa's registers free
+            scores_again(s_acc, q_tile, next, rw, lane);
             mask_if(s_acc, key0, masked);
             online_softmax(s_acc, st.m, st.l, alpha);
           }
-          if (usual) rescale(st.o, alpha);
+          if (full_step) rescale(st.o, alpha);
           pack_p(s_acc, pa);
           cur = next;
         }
@@ -433,7 +433,7 @@ struct MainloopSm90 {
         ptx::wgmma_wait<0>();
         ptx::pin(st.o);
         ptx::pin_a(pa);
-        release(s.my_tiles - 1, cur);
+        release(s.my_tiles - 1);
       }
       trace.mark(Phase::kLoopDone);
     }

@@ -23,6 +23,7 @@
 
 #include <cmath>
 
+#include "../common/online_softmax.cuh"
 #include "../common/ptx.cuh"
 #include "config.cuh"
 #include "rows.cuh"
@@ -43,34 +44,13 @@ __device__ __forceinline__ void stash_second_half(const SoftmaxState& st, float4
 __device__ __forceinline__ void merge_second_half(SoftmaxState& st, const float4* xchg) {
   const float4 ml = xchg[8 * kHalfThreads + threadIdx.x];
   const float m1[2] = {ml.x, ml.y}, l1[2] = {ml.z, ml.w};
-  float a0[2], a1[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(st.m[r], m1[r]);
-    const float mu = m_new == -INFINITY ? 0.0f : m_new;
-    a0[r] = ptx::exp2_approx((st.m[r] - mu) * kScaleLog2);
-    a1[r] = ptx::exp2_approx((m1[r] - mu) * kScaleLog2);
-    st.m[r] = m_new;
-    st.l[r] = a0[r] * st.l[r] + a1[r] * l1[r];
-  }
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const float4 v = xchg[n * kHalfThreads + threadIdx.x];
-    st.o[n][0] = a0[0] * st.o[n][0] + a1[0] * v.x;
-    st.o[n][1] = a0[0] * st.o[n][1] + a1[0] * v.y;
-    st.o[n][2] = a0[1] * st.o[n][2] + a1[1] * v.z;
-    st.o[n][3] = a0[1] * st.o[n][3] + a1[1] * v.w;
-  }
+  st.merge(m1, l1, [&](int n) { return xchg[n * kHalfThreads + threadIdx.x]; });
 }
 
 // A merged row's piece in one thread: its kCols columns of unnormalised O,
-// relative to m (log2 domain), and the softmax sum l.
+// relative to m (log2 domain: the merges' scale is 1), and the softmax sum l.
 template <int kCols>
-struct MergedRow {
-  float m = -INFINITY;
-  float l = 0.0f;
-  float o[kCols] = {};
-};
+using MergedRow = softmax::State<kCols>;
 
 // ---- 2. the cluster merge ------------------------------------------------------------
 // A CTA opens its receive area to the other ranks' pushes with a relaxed
@@ -217,15 +197,10 @@ struct ClusterMerge {
     for (int k = 0; k < 4; ++k) mx[k] = fmaxf(mx[k], mx[k + 4]);
 #pragma unroll
     for (int k = 0; k < 2; ++k) mx[k] = fmaxf(mx[k], mx[k + 2]);
-    row.m = fmaxf(mx[0], mx[1]);
+    const float ref = row.start_at(fmaxf(mx[0], mx[1]));
+    // Rank k's O weight: its softmax weight times its row's 2^e.
 #pragma unroll
-    for (int k = 0; k < kCluster; ++k) {
-      const float w = v[k].x == -INFINITY ? 0.0f : ptx::exp2_approx(v[k].x - row.m);
-      row.l = fmaf(w, v[k].y, row.l);
-      const float wo = w * v[k].z;  // rank k's O weight: its softmax weight times its row's 2^e
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) row.o[c] = fmaf(wo, ok[k][c], row.o[c]);
-    }
+    for (int k = 0; k < kCluster; ++k) row.add(softmax::weight(v[k].x, ref, 1.0f), v[k].y, ok[k], v[k].z);
   }
 };
 
@@ -276,9 +251,7 @@ struct SplitMerge {
   // then merged, the round's largest m first (exact in any order), the sums
   // in slice order.
   __device__ __forceinline__ MergedRow<kCols> merge(const MergedRow<kCols>& mine) const {
-    float m_max = -INFINITY, l_sum = 0.0f, f[kCols];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) f[c] = 0.0f;
+    MergedRow<kCols> all;
     for (int z0 = 0; z0 < active; z0 += kRound) {
       uint2 ml[kRound];
       uint32_t ov[kRound][kCols];
@@ -309,39 +282,23 @@ struct SplitMerge {
           ws_clear<kCols>(&ws.o[at * kHeadDim + d]);
         }
       }
-      float mk[kRound], lk[kRound], ok[kRound][kCols];
-      float m_round = m_max;
+      MergedRow<kCols> part[kRound];
+      float m_round = all.m;
 #pragma unroll
       for (int k = 0; k < kRound; ++k) {
         const int z = z0 + k;
         const bool own = z == split;
-        mk[k] = own ? mine.m : ws_value(ml[k].x);
-        lk[k] = own ? mine.l : ws_value(ml[k].y);
+        part[k].m = own ? mine.m : ws_value(ml[k].x);
+        part[k].l = own ? mine.l : ws_value(ml[k].y);
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) ok[k][c] = own ? mine.o[c] : ws_value(ov[k][c]);
-        if (z < active) m_round = fmaxf(m_round, mk[k]);
+        for (int c = 0; c < kCols; ++c) part[k].o[c] = own ? mine.o[c] : ws_value(ov[k][c]);
+        if (z < active) m_round = fmaxf(m_round, part[k].m);
       }
-      const float mu = m_round == -INFINITY ? 0.0f : m_round;  // nothing visible yet: every weight 0
-      const float sc = ptx::exp2_approx(m_max - mu);
-      m_max = m_round;
-      l_sum *= sc;
+      const float ref = all.take_max(m_round, 1.0f);
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) f[c] *= sc;
-#pragma unroll
-      for (int k = 0; k < kRound; ++k) {
-        if (z0 + k < active) {
-          const float w = ptx::exp2_approx(mk[k] - mu);
-          l_sum = fmaf(w, lk[k], l_sum);
-#pragma unroll
-          for (int c = 0; c < kCols; ++c) f[c] = fmaf(w, ok[k][c], f[c]);
-        }
-      }
+      for (int k = 0; k < kRound; ++k)
+        if (z0 + k < active) all.add(softmax::weight(part[k].m, ref, 1.0f), part[k].l, part[k].o);
     }
-    MergedRow<kCols> all;
-    all.m = m_max;
-    all.l = l_sum;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) all.o[c] = f[c];
     return all;
   }
 };

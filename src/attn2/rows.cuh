@@ -6,7 +6,7 @@
 
 #include "../common/ptx.cuh"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
+#include "params.h"
 
 namespace muse_decode::attn2_impl {
 
@@ -46,7 +46,7 @@ struct RowOwner {
   __device__ __forceinline__ int token() const { return row % kVerifyLen; }
   __device__ __forceinline__ int head(int kvh) const { return kvh * kHeadsPerKvHead + row / kVerifyLen; }
   // This thread's kCols columns of its row in out.
-  __device__ __forceinline__ __nv_bfloat16* out(const Attn2Params& p, int req, int kvh) const {
+  __device__ __forceinline__ __nv_bfloat16* out(const Params& p, int req, int kvh) const {
     return static_cast<__nv_bfloat16*>(p.out) + (static_cast<int64_t>(req) * kVerifyLen + token()) * p.out_stride +
            head(kvh) * kHeadDim + dc;
   }
@@ -77,7 +77,7 @@ struct RowInputs {
   uint4 q[2];
   uint2 gate;
 
-  __device__ __forceinline__ void locate(const Attn2Params& p, const RowOwner<kCluster>& rows, int req, int kvh,
+  __device__ __forceinline__ void locate(const Params& p, const RowOwner<kCluster>& rows, int req, int kvh,
                                          int rw, int kh, int lane) {
     const int64_t grow = static_cast<int64_t>(req) * kVerifyLen + rows.token();
     gate_at = static_cast<const __nv_bfloat16*>(p.gate) + grow * p.gate_stride + rows.head(kvh) * kHeadDim + rows.dc;

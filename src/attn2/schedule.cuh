@@ -53,8 +53,7 @@ struct Deployment {
 // kLateTiles fewer per warpgroup from kLateMinRounds rounds on; mma.sync
 // path: its pair takes one slice fewer). With the slices interleaved the
 // grid's last two clusters are the last slice of the last two KV heads, both
-// placed late (the previous call's mergers hold slots in two SM groups until
-// it ends).
+// placed late.
 MUSE_HOST_DEVICE bool idle_last_cluster(const Deployment& d, int active, int kvh, int req, bool interleaved) {
   const int late_heads = interleaved ? 2 : 1;
   return d.idle_last && active == d.num_splits && active > 2 && kvh >= d.num_kv_heads - late_heads &&
@@ -65,8 +64,8 @@ MUSE_HOST_DEVICE bool idle_last_cluster(const Deployment& d, int active, int kvh
 // slice in use (at least 8 tiles per warpgroup on average), cluster c in that
 // order takes slice c / KVH of KV head c % KVH instead of slice x of head y,
 // so that every head's first slices, which carry the most tiles, are placed
-// first. TP8 128k: 23.9-24.0 us against 24.6-24.8; applied at 32k it costs
-// 0.05 us, at 8k 0.2-0.3, hence the threshold.
+// first (TP8 128k: 23.9-24.0 us against 24.6-24.8; below the threshold it
+// costs, docs/attn2.md).
 MUSE_HOST_DEVICE int interleaved_split(int head_y, int split, const Deployment& d) {
   return (head_y * d.num_splits + split) / d.num_kv_heads;
 }
@@ -74,7 +73,7 @@ MUSE_HOST_DEVICE int interleaved_kv_head(int head_y, int split, const Deployment
   return (head_y * d.num_splits + split) % d.num_kv_heads;
 }
 
-// Warpgroup `vme` (2 (slice C + rank) + half) of a (request, KV head): its
+// Warpgroup `wg` (2 (slice C + rank) + half) of a (request, KV head): its
 // tiles of 4 pages, the j-th of which covers pages tile_page0 + 4 tile(j) ..
 // (wgmma path).
 //
@@ -83,9 +82,9 @@ MUSE_HOST_DEVICE int interleaved_kv_head(int head_y, int split, const Deployment
 // exceptions:
 // - late: the grid's last cluster (see idle_last_cluster) takes only the
 //   first late_rounds rounds, and the tiles after those rounds go round-robin
-//   over the other wn warpgroups;
-// - pairs (r_two): one slice with up to twice as many tiles as warpgroups:
-//   the first r_two warpgroups take the oldest tiles in pairs, both copied
+//   over the other late_wgs warpgroups;
+// - pairs (paired_wgs): one slice with up to twice as many tiles as warpgroups:
+//   the first paired_wgs warpgroups take the oldest tiles in pairs, both copied
 //   before griddepcontrol.wait, and the newest tile (this step's keys, copied
 //   after it) is never a warpgroup's second;
 // - tail: one slice with one tile more than warpgroups whose odd tile has at
@@ -100,13 +99,13 @@ MUSE_HOST_DEVICE int interleaved_kv_head(int head_y, int split, const Deployment
 struct TileSchedule {
   int split, kv_head;  // this cluster's slice and KV head (interleaved where that applies)
   bool interleaved;
-  int vme;             // this warpgroup among the pair's
+  int wg;              // this warpgroup among the pair's: 2 (slice C + rank) + half
   int active;          // slices in use
   int num_tiles;
   int wgs;             // warpgroups of the active slices
-  int wn;              // warpgroups taking tiles after the late rounds
+  int late_wgs;        // warpgroups taking tiles after the late rounds
   int late_rounds;     // INT_MAX: no late cluster
-  int r_two;           // warpgroups that take two tiles in pairs (0: none)
+  int paired_wgs;      // warpgroups that take two tiles in pairs (0: none)
   bool tail;           // the odd tile goes in pieces
   int head_pages;      // (tail) pages of the odd tile
   int tile_page0;      // page of tile 0's first slot (below first_page where the odd tile is short)
@@ -121,9 +120,9 @@ struct TileSchedule {
 
   // This warpgroup's j-th tile.
   MUSE_HOST_DEVICE int tile(int j) const {
-    if (tail) return j == 0 ? vme + 1 : 0;
-    if (r_two > 0) return vme < r_two ? 2 * vme + j : vme + r_two;
-    return j < late_rounds ? j * wgs + vme : late_rounds * wgs + (j - late_rounds) * wn + vme;
+    if (tail) return j == 0 ? wg + 1 : 0;
+    if (paired_wgs > 0) return wg < paired_wgs ? 2 * wg + j : wg + paired_wgs;
+    return j < late_rounds ? j * wgs + wg : late_rounds * wgs + (j - late_rounds) * late_wgs + wg;
   }
   // The first page of this warpgroup's j-th tile.
   MUSE_HOST_DEVICE int first_page_of(int j) const { return tile_page0 + tile(j) * kTilePages; }
@@ -147,34 +146,34 @@ MUSE_HOST_DEVICE TileSchedule tile_schedule(const Deployment& d, const KeyRange&
     s.split = interleaved_split(head_y, split, d);
     s.kv_head = interleaved_kv_head(head_y, split, d);
   }
-  s.vme = 2 * (s.split * kCluster + rank) + half;
+  s.wg = 2 * (s.split * kCluster + rank) + half;
   s.late_rounds = INT_MAX;
   const int rounds = s.num_tiles / (2 * s.active * kCluster);  // whole round-robin rounds
   if (rounds >= kLateMinRounds && idle_last_cluster(d, s.active, s.kv_head, req, s.interleaved))
     s.late_rounds = rounds - kLateTiles;  // >= 1 (config.cuh)
   s.wgs = 2 * s.active * kCluster;
-  s.wn = s.late_rounds == INT_MAX ? s.wgs : s.wgs - 2 * kCluster;
+  s.late_wgs = s.late_rounds == INT_MAX ? s.wgs : s.wgs - 2 * kCluster;
   const int pages = k.last_page - k.first_page + 1;
   s.tail = kOneSlice && kWindow && s.num_tiles == s.wgs + 1 && pages - kTilePages * (s.num_tiles - 1) <= kTailPages;
   s.head_pages = s.tail ? pages - kTilePages * (s.num_tiles - 1) : 0;
   s.tile_page0 = k.first_page + (s.tail ? s.head_pages - kTilePages : 0);
   const int head_skip = (k.lo - k.first_page * kPageSize) / 8;  // pieces wholly below the window (0 or 1)
   const int num_pieces = 2 * s.head_pages - head_skip;
-  const int piece = (s.vme - 1) / 2;
-  s.has_piece = s.tail && s.vme % 2 == 1 && piece < num_pieces;
+  const int piece = (s.wg - 1) / 2;
+  s.has_piece = s.tail && s.wg % 2 == 1 && piece < num_pieces;
   s.piece_at = (kTilePages - s.head_pages) * 2 + head_skip + piece;
-  s.r_two = !s.tail && s.active == 1 && s.num_tiles > s.wgs && s.num_tiles <= 2 * s.wgs ? s.num_tiles - s.wgs : 0;
+  s.paired_wgs = !s.tail && s.active == 1 && s.num_tiles > s.wgs && s.num_tiles <= 2 * s.wgs ? s.num_tiles - s.wgs : 0;
   if (s.tail) {
     s.my_tiles = s.has_piece ? 2 : 1;
-  } else if (s.r_two > 0) {
-    s.my_tiles = s.vme < s.r_two ? 2 : 1;
+  } else if (s.paired_wgs > 0) {
+    s.my_tiles = s.wg < s.paired_wgs ? 2 : 1;
   } else if (s.late_rounds == INT_MAX) {
-    s.my_tiles = s.num_tiles > s.vme ? (s.num_tiles - 1 - s.vme) / s.wgs + 1 : 0;
-  } else if (s.vme >= s.wn) {
+    s.my_tiles = s.num_tiles > s.wg ? (s.num_tiles - 1 - s.wg) / s.wgs + 1 : 0;
+  } else if (s.wg >= s.late_wgs) {
     s.my_tiles = s.late_rounds;  // (late_rounds * wgs <= num_tiles: every late round is whole)
   } else {
     const int rest = s.num_tiles - s.late_rounds * s.wgs;
-    s.my_tiles = s.late_rounds + (rest > s.vme ? (rest - 1 - s.vme) / s.wn + 1 : 0);
+    s.my_tiles = s.late_rounds + (rest > s.wg ? (rest - 1 - s.wg) / s.late_wgs + 1 : 0);
   }
   s.early_push = s.late_rounds == INT_MAX && s.num_tiles <= (kWgStages - 1) * s.wgs;
   return s;

@@ -10,13 +10,15 @@
 
 #include <cmath>
 
+#include "../common/online_softmax.cuh"
 #include "../common/ptx.cuh"
 #include "config.cuh"
 
 namespace muse_decode::attn2_impl {
 
 // Per-thread state of rows lane / 4 and lane / 4 + 8 of the warp's 16: the
-// unnormalised O (relative to m), the running max m (raw score units) and sum l.
+// unnormalised O (relative to m), the running max m (raw score units) and sum l:
+// two rows' softmax::State in the accumulator layout of the key loop's MMAs.
 struct SoftmaxState {
   float o[8][4];
   float m[2];
@@ -30,6 +32,28 @@ struct SoftmaxState {
     }
 #pragma unroll
     for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  }
+  // Another state of the same rows (m1, l1 per row; O in o1's fragment
+  // layout) into this one: the union of their keys.
+  template <typename OAt>
+  __device__ __forceinline__ void merge(const float (&m1)[2], const float (&l1)[2], OAt&& o1) {
+    float a0[2], a1[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const softmax::MergeWeights w = softmax::merge_weights(m[r], m1[r], kScaleLog2);
+      a0[r] = w.a;
+      a1[r] = w.b;
+      m[r] = w.m;
+      l[r] = a0[r] * l[r] + a1[r] * l1[r];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float4 v = o1(n);
+      o[n][0] = a0[0] * o[n][0] + a1[0] * v.x;
+      o[n][1] = a0[0] * o[n][1] + a1[0] * v.y;
+      o[n][2] = a0[1] * o[n][2] + a1[1] * v.z;
+      o[n][3] = a0[1] * o[n][3] + a1[1] * v.w;
+    }
   }
   // The row sums over the row's 4 lanes, which hold disjoint columns (fixed
   // butterfly order).
@@ -101,9 +125,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[N][4], float (&m_run)[
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], 2));
     const float m_new = fmaxf(m_run[r], mx[r]);
-    const float mu = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[r] = ptx::exp2_approx((m_run[r] - mu) * kScaleLog2);
-    neg_mc[r] = -mu * kScaleLog2;
+    const float ref = softmax::reference(m_new);
+    alpha[r] = softmax::weight(m_run[r], ref, kScaleLog2);
+    neg_mc[r] = -ref * kScaleLog2;
     m_run[r] = m_new;
     l_run[r] *= alpha[r];
   }

@@ -1,4 +1,4 @@
-// The split path's workspace (attn2_kernels.h has its layout): per (request,
+// The split path's workspace (params.h has its layout): per (request,
 // KV head) pair, one ticket counter per CTA rank, then each slice's partial
 // rows: (m, l) and the 64 columns of O.
 //
@@ -10,9 +10,8 @@
 #pragma once
 
 #include "../common/ptx.cuh"
-#include "attn2_kernels.h"
+#include "params.h"
 #include "config.cuh"
-#include "muse_decode/attn2.h"
 
 namespace muse_decode::attn2_impl {
 
@@ -56,12 +55,12 @@ struct SplitWorkspace {
   float2* ml;      // [splits][64 rows] (m, l)
   float* o;        // [splits][64 rows][64]
 
-  __device__ __forceinline__ SplitWorkspace(const Attn2Params& p, int req, int kvh, int rank) {
+  __device__ __forceinline__ SplitWorkspace(const Params& p, int req, int kvh, int rank) {
     const int64_t pairs = static_cast<int64_t>(p.num_reqs) * p.num_kv_heads;
-    float2* all_ml = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + detail::attn2_counter_bytes(pairs));
+    float2* all_ml = reinterpret_cast<float2*>(static_cast<char*>(p.workspace) + counter_bytes(pairs));
     float* all_o = reinterpret_cast<float*>(all_ml + pairs * p.num_splits * kRows);
     const int pair = req * p.num_kv_heads + kvh;
-    counter = static_cast<int*>(p.workspace) + pair * detail::kAttn2MaxCluster + rank;
+    counter = static_cast<int*>(p.workspace) + pair * kMaxCluster + rank;
     const int64_t slice0 = static_cast<int64_t>(pair) * p.num_splits * kRows;  // (pair, slice 0, row 0)
     ml = all_ml + slice0;
     o = all_o + slice0 * kHeadDim;

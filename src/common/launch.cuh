@@ -1,4 +1,4 @@
-// One launch path for the ops' kernels (route, qkv_front, attn2), and the
+// One launch path for the ops' kernels (route, qkv_front, attn2, o_proj), and the
 // driver entry points they need (cuLaunchKernelEx, cuTensorMapEncodeTiled): grid,
 // block, dynamic shared memory, an optional cluster and programmatic
 // dependent launch (PDL).
@@ -111,6 +111,13 @@ inline cudaLaunchConfig_t runtime_config(const LaunchShape& s, cudaLaunchAttribu
   config.attrs = attr;
   config.numAttrs = launch_attributes(s, attr);
   return config;
+}
+
+// The dynamic shared memory a CTA of Kernel may take (above 48 KB the kernel
+// needs the attribute); set once per device, in prepare_<op>.
+template <auto Kernel>
+cudaError_t set_smem_limit(int bytes) {
+  return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Launches Kernel(args...) on `stream`; returns the CUDA error as int.

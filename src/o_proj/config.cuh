@@ -16,20 +16,13 @@
 
 #include <cstdint>
 
+#include "../common/arch_features.cuh"
 #include "../common/hardware.h"
+#include "../common/swizzle.cuh"
 #include "muse_decode/o_proj.h"
+#include "params.h"
 
-// The consumers of a wgmma configuration: wgmma on sm_90a (the H200),
-// mma.sync everywhere else (sm_100a has no wgmma).
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MUSE_O_PROJ_WGMMA 1
-#else
-#define MUSE_O_PROJ_WGMMA 0
-#endif
-
-namespace muse_decode::oproj {
-
-inline constexpr bool kArchWgmma = MUSE_O_PROJ_WGMMA;
+namespace muse_decode::o_proj_impl {
 
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
@@ -48,7 +41,7 @@ inline constexpr int kBlockK = 64;               // 64 bf16 = 128 bytes per row
 inline constexpr int kKSteps = kBlockK / 16;     // mma k-steps per block
 inline constexpr int kRowBytes = kBlockK * 2;    // a block row: the 128-byte swizzle span
 inline constexpr int kMaxBlocks = 8192 / kBlockK;  // K = 8192 (TP1)
-static_assert(kRowBytes == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kRowBytes == swizzle::kRowBytes, "a block row is 128 bytes: the 128-byte TMA swizzle span");
 static_assert(o_proj_in_width(1) % kBlockK == 0, "every supported K splits into whole blocks");
 
 // n-tiles of 8 tokens a call of T tokens takes (1, 2, 4 or 8): the token
@@ -59,31 +52,30 @@ constexpr int n_tiles_for(int num_tokens) {
 static_assert(n_tiles_for(kOProjMaxTokens) * 8 == kOProjMaxTokens, "64 tokens: 8 n-tiles");
 
 // ---- one kernel instance ---------------------------------------------------------
-// kRowTiles_: m16 tiles per CTA (1, 2 or 4: 16, 32 or 64 output columns);
-// NT_: n-tiles of 8 tokens; kCtasPerSm_: CTAs of the kernel that fit on one
-// SM (the shared-memory budget of one); kWStages_: weight blocks in the ring
-// (kWStages_ >= K / 64: the CTA's whole share sits in shared memory);
-// kMTilesPerWarp_: m-tiles each consumer warp multiplies by the same x
-// fragments (2 halves the shared-memory reads of x); kHeldBlocks_: weight
-// blocks the consumer warps load into registers before x exists, so that
-// their stages take later blocks before griddepcontrol.wait too (the
-// weight that leaves before the wait is kWStages_ + kHeldBlocks_ blocks).
-// kWgmma_: where the architecture has wgmma, the 4 consumer warps multiply
-// as one warpgroup (wgmma m64nNk16, both operands read from the stages,
-// N = NT * 8 token rows); warp w then holds the sums of m-tile w, so the
-// compiled configuration has one m-tile per warp and no k-groups. Elsewhere
-// kMTilesPerWarp_ holds.
+// A kernel instance is a Tuning and an n-tile count NT (n-tiles of 8 tokens:
+// 1, 2, 4 or 8). A Tuning names, as static constexpr members:
+//   kRowTiles       m16 tiles per CTA (1, 2 or 4: 16, 32 or 64 output columns)
+//   kCtasPerSm      CTAs of the kernel that fit on one SM (the shared-memory budget of one)
+//   kWStages        weight blocks in the ring (>= K / 64: the CTA's whole share sits in shared memory)
+//   kMTilesPerWarp  m-tiles each consumer warp multiplies by the same x fragments (2 halves the
+//                   shared-memory reads of x)
+//   kHeldBlocks     weight blocks the consumer warps load into registers before x exists, so that
+//                   their stages take later blocks before griddepcontrol.wait too (the weight that
+//                   leaves before the wait is kWStages + kHeldBlocks blocks)
+//   kWgmma          where the architecture has wgmma, the 4 consumer warps multiply as one
+//                   warpgroup (wgmma m64nNk16, both operands read from the stages, N = NT * 8 token
+//                   rows); warp w then holds the sums of m-tile w, so the compiled configuration has
+//                   one m-tile per warp and no k-groups. Elsewhere kMTilesPerWarp holds.
 // The x ring takes what the budget leaves, up to kMaxXStages.
-template <int kRowTiles_, int NT_, int kCtasPerSm_, int kWStages_, int kMTilesPerWarp_, int kHeldBlocks_ = 0,
-          bool kWgmma_ = false>
+template <typename Tuning, int NT_>
 struct Config {
-  static constexpr int kRowTiles = kRowTiles_;
+  static constexpr int kRowTiles = Tuning::kRowTiles;
   static constexpr int NT = NT_;
-  static constexpr int kCtasPerSm = kCtasPerSm_;
-  static constexpr int kWStages = kWStages_;
-  static constexpr bool kWgmma = kWgmma_ && kArchWgmma;  // in this compilation
-  static constexpr int kMTilesPerWarp = kWgmma ? 1 : kMTilesPerWarp_;
-  static constexpr int kHeldBlocks = kHeldBlocks_;
+  static constexpr int kCtasPerSm = Tuning::kCtasPerSm;
+  static constexpr int kWStages = Tuning::kWStages;
+  static constexpr bool kWgmma = Tuning::kWgmma && arch::kHasWgmma;  // in this compilation: sm_90a
+  static constexpr int kMTilesPerWarp = kWgmma ? 1 : Tuning::kMTilesPerWarp;
+  static constexpr int kHeldBlocks = Tuning::kHeldBlocks;
 
   static constexpr int kRows = 16 * kRowTiles;                     // output columns per CTA
   static constexpr int kCtas = kOProjOutWidth / kRows;             // the grid, whatever K and T
@@ -119,6 +111,8 @@ struct Config {
   static constexpr int kOutTileBytes = kTokens * kRows * 2;  // [token][kRows] bf16
 
   static_assert(kRowTiles == 1 || kRowTiles == 2 || kRowTiles == 4, "16, 32 or 64 output columns per CTA");
+  static_assert(Tuning::kMTilesPerWarp >= 1 && kRowTiles % Tuning::kMTilesPerWarp == 0,
+                "each m-tile group of a warp divides the CTA's m-tiles");
   static_assert(kMTilesPerWarp >= 1 && kRowTiles % kMTilesPerWarp == 0 && kConsumerWarps % kRowGroups == 0,
                 "the warps split the m-tiles evenly, each row group over whole k-groups");
   static_assert(kKSteps % kKGroups == 0, "each k-group takes whole k-steps of a block");
@@ -126,9 +120,10 @@ struct Config {
   static_assert(kOProjOutWidth % kRows == 0, "the grid covers the 8192 output columns exactly");
   static_assert(kWStages >= 2 && kWStages <= kMaxBlocks, "a weight ring of 2 .. 128 blocks");
   static_assert(kHeldBlocks >= 0 && kHeldBlocks <= kWStages, "the blocks held in registers are the first ring's");
-  static_assert(!kWgmma_ || (kRowTiles == 4 && kHeldBlocks == 0 && (NT == 1 || NT == 4 || NT == 8)),
+  static_assert(!Tuning::kWgmma || (kRowTiles == 4 && kHeldBlocks == 0 && (NT == 1 || NT == 4 || NT == 8)),
                 "a wgmma configuration: one 64-row warpgroup tile, no held blocks, N = 8, 32 or 64 tokens");
-  static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "128-byte swizzled boxes start on 1024 bytes");
+  static_assert(kWBytes % swizzle::kAtomBytes == 0 && kXBytes % swizzle::kAtomBytes == 0,
+                "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");
   static_assert(kOutTileOffset + kOutTileBytes <= kBarrierOffset,
@@ -148,4 +143,4 @@ enum class Phase : int {
   kExit,        // the output tile written
 };
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

@@ -13,12 +13,12 @@
 #include "mainloop.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 // The consumer threads (all 128 come here) with this warp's sums in acc.
 // `smem`: the CTA's shared memory, every block consumed and no copy in flight.
 template <typename Cfg>
-__device__ __forceinline__ void store_tile(WarpSums<Cfg>& acc, uint8_t* smem, int row0, const OProjParams& p,
+__device__ __forceinline__ void store_tile(WarpSums<Cfg>& acc, uint8_t* smem, int row0, const Params& p,
                                           int warp, int lane) {
   const int row_group = warp % Cfg::kRowGroups, k_group = warp / Cfg::kRowGroups;
   const int first_m_tile = row_group * Cfg::kMTilesPerWarp;
@@ -85,4 +85,4 @@ __device__ __forceinline__ void store_tile(WarpSums<Cfg>& acc, uint8_t* smem, in
   }
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

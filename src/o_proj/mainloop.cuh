@@ -12,20 +12,14 @@
 
 #include "../common/ptx.cuh"
 #include "../common/sm90_wgmma.cuh"
+#include "../common/swizzle.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a box of 128-byte rows
-// written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
-// What this lane addresses for ldmatrix. A: the warp's 16 weight rows as
-// matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B: x rows (tokens) as
-// matrices (k 0-7 | 8-15) x (tokens 0-7 | 8-15) of an n-tile pair.
+// What this lane addresses for ldmatrix (swizzle.cuh). A: the warp's 16
+// weight rows of an m-tile; B: x rows (tokens) of an n-tile pair.
 struct Lane {
   int a_row, a_chunk, b_row, b_chunk;  // a_row: in the warp's first m-tile
   int first_step;                      // the warp's k-group's first k-step of a block
@@ -33,8 +27,8 @@ struct Lane {
   template <typename Cfg>
   __device__ __forceinline__ static Lane of(int warp, int lane) {
     const int row_group = warp % Cfg::kRowGroups, k_group = warp / Cfg::kRowGroups;
-    return {row_group * Cfg::kMTilesPerWarp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4,
-            (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1, k_group * Cfg::kStepsPerWarp};
+    return {row_group * Cfg::kMTilesPerWarp * 16 + swizzle::a_row(lane), swizzle::a_chunk(lane),
+            swizzle::b_row(lane), swizzle::b_chunk(lane), k_group * Cfg::kStepsPerWarp};
   }
 };
 
@@ -51,7 +45,7 @@ __device__ __forceinline__ void load_a(AFrags<Cfg>& a, uint32_t w_s, const Lane&
   for (int j = 0; j < Cfg::kStepsPerWarp; ++j)
 #pragma unroll
     for (int mt = 0; mt < Cfg::kMTilesPerWarp; ++mt)
-      ptx::ldmatrix_x4(a[j][mt], w_s + swizzled(l.a_row + mt * 16, (l.first_step + j) * 2 + l.a_chunk));
+      ptx::ldmatrix_x4(a[j][mt], w_s + swizzle::offset(l.a_row + mt * 16, (l.first_step + j) * 2 + l.a_chunk));
 }
 
 template <typename Cfg>
@@ -61,12 +55,12 @@ __device__ __forceinline__ void load_b(BFrags<Cfg>& b, uint32_t x_s, const Lane&
     const int ks = l.first_step + j;
     if constexpr (Cfg::NT == 1) {
       uint32_t (&b2)[2] = *reinterpret_cast<uint32_t(*)[2]>(&b[j][0]);
-      ptx::ldmatrix_x2(b2, x_s + swizzled(l.b_row & 7, ks * 2 + l.b_chunk));
+      ptx::ldmatrix_x2(b2, x_s + swizzle::offset(l.b_row & 7, ks * 2 + l.b_chunk));
     } else {
 #pragma unroll
       for (int p = 0; p < Cfg::NT / 2; ++p) {
         uint32_t (&b4)[4] = *reinterpret_cast<uint32_t(*)[4]>(&b[j][4 * p]);
-        ptx::ldmatrix_x4(b4, x_s + swizzled(p * 16 + l.b_row, ks * 2 + l.b_chunk));
+        ptx::ldmatrix_x4(b4, x_s + swizzle::offset(p * 16 + l.b_row, ks * 2 + l.b_chunk));
       }
     }
   }
@@ -133,10 +127,11 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
 #pragma unroll
   for (int h = 0; h < kHeld; ++h) {
     if (h < blocks) {  // stage h, its first fill
-      ptx::mbar_wait(&r.w.full[h], 0);
-      load_a<Cfg>(held[h], r.w.stage(h), l);
+      const auto at = pipeline::Position<Cfg::kWStages>::of(h);
+      r.w.wait(at);
+      load_a<Cfg>(held[h], r.w.stage_addr(at), l);
       __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&r.w.empty[h]);
+      if (lane == 0) r.w.release(at);
     }
   }
   trace.mark(Phase::kHeld);
@@ -145,29 +140,30 @@ __device__ __forceinline__ void mma_blocks(const Rings<Cfg>& r, int blocks, cons
 #pragma unroll
   for (int h = 0; h < kHeld; ++h) {
     if (h < blocks) {
-      const int xs = h % Cfg::kXStages;
-      ptx::mbar_wait(&r.x.full[xs], r.x.parity(h));
+      const auto xat = pipeline::Position<Cfg::kXStages>::of(h);
+      r.x.wait(xat);
       if (h == 0) trace.mark(Phase::kFirstX);
       BFrags<Cfg> b;
-      load_b<Cfg>(b, r.x.stage(h), l);
+      load_b<Cfg>(b, r.x.stage_addr(xat), l);
       __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(&r.x.empty[xs]);
+      if (lane == 0) r.x.release(xat);
       chains.mma(held[h], b);
     }
   }
   for (int b = kHeld; b < blocks; ++b) {
-    const int ws = b % Cfg::kWStages, xs = b % Cfg::kXStages;
-    ptx::mbar_wait(&r.w.full[ws], r.w.parity(b));
-    ptx::mbar_wait(&r.x.full[xs], r.x.parity(b));
+    const auto wat = pipeline::Position<Cfg::kWStages>::of(b);
+    const auto xat = pipeline::Position<Cfg::kXStages>::of(b);
+    r.w.wait(wat);
+    r.x.wait(xat);
     if (kHeld == 0 && b == 0) trace.mark(Phase::kFirstX);
     AFrags<Cfg> a;
     BFrags<Cfg> x;
-    load_a<Cfg>(a, r.w.stage(b), l);
-    load_b<Cfg>(x, r.x.stage(b), l);
+    load_a<Cfg>(a, r.w.stage_addr(wat), l);
+    load_b<Cfg>(x, r.x.stage_addr(xat), l);
     __syncwarp();
     if (lane == 0) {
-      ptx::mbar_arrive(&r.w.empty[ws]);
-      ptx::mbar_arrive(&r.x.empty[xs]);
+      r.w.release(wat);
+      r.x.release(xat);
     }
     chains.mma(a, x);
   }
@@ -191,21 +187,26 @@ __device__ __forceinline__ void wgmma_blocks(const Rings<Cfg>& r, int blocks, in
   for (int nt = 0; nt < Cfg::NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) d[nt][e] = 0.0f;
+  using WPosition = pipeline::Position<Cfg::kWStages>;
+  using XPosition = pipeline::Position<Cfg::kXStages>;
   const auto release = [&](int b) {
     if (lane == 0) {
-      ptx::mbar_arrive(&r.w.empty[b % Cfg::kWStages]);
-      ptx::mbar_arrive(&r.x.empty[b % Cfg::kXStages]);
+      r.w.release(WPosition::of(b));
+      r.x.release(XPosition::of(b));
     }
   };
   for (int b = 0; b < blocks; ++b) {
-    ptx::mbar_wait(&r.w.full[b % Cfg::kWStages], r.w.parity(b));
-    ptx::mbar_wait(&r.x.full[b % Cfg::kXStages], r.x.parity(b));
+    const WPosition wat = WPosition::of(b);
+    const XPosition xat = XPosition::of(b);
+    r.w.wait(wat);
+    r.x.wait(xat);
     if (b == 0) trace.mark(Phase::kFirstX);
-    const uint32_t w_s = r.w.stage(b), x_s = r.x.stage(b);
+    const uint32_t w_s = r.w.stage_addr(wat), x_s = r.x.stage_addr(xat);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks)
-      ptx::wgmma_ss(d, ptx::sw128_desc(w_s + ks * 32, 16, 1024), ptx::sw128_desc(x_s + ks * 32, 16, 1024), 1);
+      ptx::wgmma_ss(d, ptx::sw128_desc(w_s + ks * 32, 16, swizzle::kAtomBytes),
+                    ptx::sw128_desc(x_s + ks * 32, 16, swizzle::kAtomBytes), 1);
     ptx::wgmma_commit();
     if (b > 0) {
       ptx::wgmma_wait<1>();  // block b - 1's group is done reading its stages
@@ -218,4 +219,4 @@ __device__ __forceinline__ void wgmma_blocks(const Rings<Cfg>& r, int blocks, in
   trace.mark(Phase::kLoopDone);
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

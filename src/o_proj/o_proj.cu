@@ -12,60 +12,62 @@
 
 #include "config.cuh"
 #include "kernel.cuh"
-#include "o_proj_kernels.h"
+#include "params.h"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 namespace {
 
-// The configuration of each n-tile count (T <= 8, 16, 32, 64) and K. Every
-// one has 64 output columns per CTA (128 CTAs, 4 SMs of an H200 idle): 32
-// columns (256 CTAs) and 16 (512) ran slower (H200, TP8, T = 1, PDL: 5.9-6.3
-// and 10.2 us against 5.3-5.5).
+// The tunings of the dispatch table, by K class and n-tile count (T <= 8,
+// 16, 32, 64). Every one has 64 output columns per CTA: 128 CTAs (32 columns,
+// 256 CTAs, took TP8 T = 1 5.9-6.3 us against 5.3-5.5). docs/o_proj.md has
+// the table of designs measured and set aside.
 //
-// Short K (512 and 1024, TP16 and TP8: 8-16 blocks; measured at TP8): two
-// CTAs per SM, so that the next launch's CTAs are resident while this one
-// runs and stream their weight before their griddepcontrol.wait. Up to
-// T = 16 the consumers also hold the first 8 blocks in registers before x
-// exists, so the ring takes blocks 8-15 early too and the whole 128 KB share
-// leaves before the wait: 4.34 / 5.12 / 5.26 us at T = 1 / 8 / 16 against
-// 5.26 / 5.40 / 5.62 without (H200, TP8, PDL, bench_o_proj's method, one
-// run); from T = 17 the accumulators need those registers. Without held
-// blocks (one run, us at T = 1 / 8 / 16 / 32 / 64): 8 blocks of the 16 in the
-// ring and two m-tiles per warp 5.26 / 5.32 / 5.54 / 6.50 / 7.52; 6 blocks (a
-// deeper x ring) 5.64 / 5.68 / 5.73 / 6.39 / 7.39; 12 blocks 5.47 / 5.66 /
-// 5.86 / 7.18 / 8.47 (one m-tile per warp 5.42 / 5.66 / 6.14 / 7.25 / 9.72);
-// the whole 128 KB share with one CTA per SM 6.02 / 6.06 / 6.46 / 7.29 / 8.78
-// (the next launch's CTAs find no room until this one's leave).
-using ShortNt1 = Config<4, 1, 2, 8, 2, 8>;
-using ShortNt2 = Config<4, 2, 2, 8, 2, 8>;
-// At T = 33..64 the consumers' work shows (each warp's MMAs grow with T, and
-// mma.sync reads x's fragments through ldmatrix for every m-tile pair): on
-// sm_90a these take wgmma, one m64n64k16 per k-step from the stages
-// (mainloop.cuh). H200, PDL, one run, us at T = 32 / 64: TP8 mma.sync 6.11 /
-// 7.48, wgmma 6.48 / 6.92; TP1 32.93 / 36.51 against 33.62 / 35.69. At
-// T = 17..32 mma.sync, measured faster there, stays.
-using ShortNt4 = Config<4, 4, 2, 6, 2>;
-using ShortNt8 = Config<4, 8, 2, 6, 2, 0, true>;
+// Short K (512, 1024: TP16, TP8): two CTAs per SM, so that the next launch's
+// CTAs are resident while this one runs and stream their weight before their
+// griddepcontrol.wait. Up to T = 16 the consumers also hold the first 8
+// blocks in registers before x exists, so the whole 128 KB share leaves
+// before the wait (TP8 T = 1 / 8 / 16: 4.34 / 5.12 / 5.26 us against 5.26 /
+// 5.40 / 5.62 without); from T = 17 the accumulators need those registers,
+// and 6 weight stages leave the x ring its 16.
+struct ShortKHeld {
+  static constexpr int kRowTiles = 4, kCtasPerSm = 2, kWStages = 8, kMTilesPerWarp = 2, kHeldBlocks = 8;
+  static constexpr bool kWgmma = false;
+};
+struct ShortK {
+  static constexpr int kRowTiles = 4, kCtasPerSm = 2, kWStages = 6, kMTilesPerWarp = 2, kHeldBlocks = 0;
+  static constexpr bool kWgmma = false;
+};
+// At T = 33..64 the consumers' MMAs show: on sm_90a they take wgmma, one
+// m64n64k16 per k-step from the stages (TP8 T = 64 6.92 us against 7.48 with
+// mma.sync; at T = 17..32 mma.sync stays, 6.11 against 6.48).
+struct ShortKWgmma : ShortK {
+  static constexpr bool kWgmma = true;
+};
 // Long K (2048 to 8192, TP4 to TP1: 32-128 blocks): one CTA per SM with 16
-// blocks in the ring. The stream dominates, and a co-resident next launch
-// only competes with it. H200, PDL, us at T = 1 / 8 / 16 / 32 / 64: TP1 31.2
-// / 31.5 / 32.0 / 33.2 / 38.1, against 32.7 / 32.7 / 33.6 / 36.1 / 44.6 with
-// the short-K configuration; TP4 9.0 / 9.0 / 9.6 / 10.7 / 13.2 against 9.7 /
-// 9.8 / 10.2 / 10.8 / 13.2. One m-tile per warp: TP1 T = 64 39.1.
-using LongNt1 = Config<4, 1, 1, 16, 2>;
-using LongNt2 = Config<4, 2, 1, 16, 2>;
-using LongNt4 = Config<4, 4, 1, 16, 2>;
-using LongNt8 = Config<4, 8, 1, 16, 2, 0, true>;
+// blocks in the ring; the stream dominates, and a co-resident next launch
+// only competes with it (TP1 T = 64 38.1 us against 44.6 with short K's).
+struct LongK {
+  static constexpr int kRowTiles = 4, kCtasPerSm = 1, kWStages = 16, kMTilesPerWarp = 2, kHeldBlocks = 0;
+  static constexpr bool kWgmma = false;
+};
+struct LongKWgmma : LongK {
+  static constexpr bool kWgmma = true;
+};
+
+using ShortNt1 = Config<ShortKHeld, 1>;
+using ShortNt2 = Config<ShortKHeld, 2>;
+using ShortNt4 = Config<ShortK, 4>;
+using ShortNt8 = Config<ShortKWgmma, 8>;
+using LongNt1 = Config<LongK, 1>;
+using LongNt2 = Config<LongK, 2>;
+using LongNt4 = Config<LongK, 4>;
+using LongNt8 = Config<LongKWgmma, 8>;
 constexpr int kLongK = 2048;
 
 }  // namespace
-}  // namespace muse_decode::oproj
 
-namespace muse_decode::detail {
-
-int o_proj_set_kernel_attributes() {
-  using namespace oproj;
-  if (!encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+int set_kernel_attributes() {
+  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
   cudaError_t err = cudaSuccess;
   for (const cudaError_t e : {set_smem_limit<ShortNt1>(), set_smem_limit<ShortNt2>(), set_smem_limit<ShortNt4>(),
                               set_smem_limit<ShortNt8>(), set_smem_limit<LongNt1>(), set_smem_limit<LongNt2>(),
@@ -74,8 +76,7 @@ int o_proj_set_kernel_attributes() {
   return static_cast<int>(err);
 }
 
-int o_proj_launch(const OProjParams& p, Stream stream) {
-  using namespace oproj;
+int launch(const Params& p, Stream stream) {
   // The table has no kernel for other token counts or widths.
   if (p.num_tokens < 1 || p.num_tokens > kOProjMaxTokens || !o_proj_supports_in_width(p.in_width))
     return static_cast<int>(cudaErrorInvalidValue);
@@ -96,4 +97,4 @@ int o_proj_launch(const OProjParams& p, Stream stream) {
   return static_cast<int>(err);
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::o_proj_impl

@@ -9,7 +9,7 @@
 #include "../common/hardware.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/o_proj.h"
-#include "o_proj_kernels.h"
+#include "params.h"
 
 namespace muse_decode {
 
@@ -46,7 +46,7 @@ void check_weight(const TensorRef& w, int64_t k, int device) {
 
 // Every check of a call, in the order of the arguments; out only where given
 // unless `complete` (check_o_proj).
-OProjParams check_call(const OProjArgs& a, bool complete) {
+o_proj_impl::Params check_call(const OProjArgs& a, bool complete) {
   // x decides the device, the number of tokens and K.
   const TensorRef& x = a.x;
   require_tensor(x, "x", DType::kBFloat16, -1);
@@ -68,7 +68,7 @@ OProjParams check_call(const OProjArgs& a, bool complete) {
     detail::require_disjoint(out, "out", a.weight, "weight");
   }
 
-  OProjParams p;
+  o_proj_impl::Params p;
   p.x = x.data;
   p.x_stride = T > 1 ? x.stride[0] : K;
   p.weight = a.weight.data;
@@ -122,24 +122,24 @@ std::optional<std::string> unsupported_o_proj_call(const OProjArgs& args) {
 
 bool o_proj_supports_call(const OProjArgs& args) { return !unsupported_o_proj_call(args); }
 
-OProjParams check_o_proj(const OProjArgs& args) { return check_call(args, true); }
+void check_o_proj(const OProjArgs& args) { check_call(args, true); }
+
+o_proj_impl::Params o_proj_impl::params_of(const OProjArgs& args) { return check_call(args, true); }
 
 // ---------------------------------------------------------------------------
 // Device setup and launch.
 void prepare_o_proj(int device) {
   detail::prepare_device(g_prepared, "o_proj", device, [](int) {
-    detail::throw_if_cuda_error(detail::o_proj_set_kernel_attributes(),
+    detail::throw_if_cuda_error(o_proj_impl::set_kernel_attributes(),
                                 "prepare_o_proj: setting the kernel attributes");
     return OProjDevice{true};
   });
 }
 
-int launch(const OProjParams& p, Stream stream) { return detail::o_proj_launch(p, stream); }
-
 void o_proj(const OProjArgs& args, Stream stream) {
-  const OProjParams p = check_o_proj(args);
+  const o_proj_impl::Params p = o_proj_impl::params_of(args);
   detail::require_prepared(g_prepared, "o_proj", args.x.device);
-  detail::throw_if_cuda_error(detail::o_proj_launch(p, stream), "o_proj: kernel launch");
+  detail::throw_if_cuda_error(o_proj_impl::launch(p, stream), "o_proj: kernel launch");
 }
 
 // ---------------------------------------------------------------------------
@@ -167,8 +167,8 @@ void OProj::operator()(const TensorRef& x, const TensorRef& out, Stream stream, 
 #ifndef MUSE_DECODE_WITH_CUDA
 // A build without CUDA keeps the host API and answers the kernels' entries
 // with cudaErrorNotSupported.
-namespace muse_decode::detail {
-int o_proj_launch(const OProjParams&, Stream) { return kCudaErrorNotSupported; }
-int o_proj_set_kernel_attributes() { return kCudaErrorNotSupported; }
-}  // namespace muse_decode::detail
+namespace muse_decode::o_proj_impl {
+int launch(const Params&, Stream) { return detail::kCudaErrorNotSupported; }
+int set_kernel_attributes() { return detail::kCudaErrorNotSupported; }
+}  // namespace muse_decode::o_proj_impl
 #endif

@@ -1,13 +1,13 @@
-// The two rings between a CTA's producer threads and its consumer warps, and
-// the producers themselves.
+// The two rings between a CTA's producer threads and its consumer warps
+// (src/common/pipeline.cuh), and the producers themselves.
 //
-// Block b of K (64 columns) goes into weight stage b % kWStages and x stage
-// b % kXStages; each stage has a full barrier (the producer's arrival and the
-// copy's bytes) and an empty barrier (one arrival per consumer warp). The
-// weight does not depend on the previous kernel, so its copies never wait
-// for it: every block that has a free stage leaves at once, including the
-// blocks that refill the stages of the blocks the consumers hold in
-// registers; x, the previous kernel's output, only after
+// Block b of K (64 columns) is fill b of the weight ring (kWStages stages)
+// and of the x ring (kXStages); each stage has a full barrier (the
+// producer's arrival and the copy's bytes) and an empty barrier (one arrival
+// per consumer warp). The weight does not depend on the previous kernel, so
+// its copies never wait for it: every block that has a free stage leaves at
+// once, including the blocks that refill the stages of the blocks the
+// consumers hold in registers; x, the previous kernel's output, only after
 // griddepcontrol.wait.
 #pragma once
 
@@ -15,58 +15,47 @@
 
 #include <cstdint>
 
+#include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
 #include "config.cuh"
 
-namespace muse_decode::oproj {
+namespace muse_decode::o_proj_impl {
 
 __device__ __forceinline__ void sync_consumers() {
   ptx::named_barrier_sync<OProjBarrier::kConsumers, kConsumerThreads>();
 }
 
-// One ring: S stages of kBytes from `base`, and their barriers.
-template <int S, int kBytes>
-struct Ring {
-  uint32_t base;    // shared address of stage 0
-  uint64_t* full;   // [S] one arrival (the producer's) and the copy's bytes
-  uint64_t* empty;  // [S] one arrival per consumer warp
-
-  __device__ __forceinline__ uint32_t stage(int b) const { return base + static_cast<uint32_t>((b % S) * kBytes); }
-  // The parity of the phase in which block b fills (or frees) its stage.
-  __device__ __forceinline__ static uint32_t parity(int b) { return static_cast<uint32_t>((b / S) & 1); }
-
-  __device__ __forceinline__ void init() const {
-    for (int s = 0; s < S; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], kConsumerWarps);
-    }
-  }
-};
-
 // A CTA's two rings, carved from its shared memory as Config lays it out.
 template <typename Cfg>
 struct Rings {
-  Ring<Cfg::kWStages, Cfg::kWBytes> w;
-  Ring<Cfg::kXStages, Cfg::kXBytes> x;
+  using W = pipeline::Ring<Cfg::kWStages, Cfg::kWBytes>;
+  using X = pipeline::Ring<Cfg::kXStages, Cfg::kXBytes>;
+  W w;
+  X x;
 
   __device__ __forceinline__ static Rings carve(uint8_t* smem) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarrierOffset);
     return {{ptx::smem_addr(smem), bars, bars + Cfg::kWStages},
             {ptx::smem_addr(smem + Cfg::kXOffset), bars + 2 * Cfg::kWStages, bars + 2 * Cfg::kWStages + Cfg::kXStages}};
   }
+  __device__ __forceinline__ void init() const {
+    w.init(kConsumerWarps);
+    x.init(kConsumerWarps);
+  }
 };
 
-// Block b of `blocks` (columns 64 b .. of `map`, `row` its first row) into
-// stage b % S of `ring`, in order, each block once the consumers have freed
-// the stage it goes into (block b - S's).
+// Block b of `blocks` (columns 64 b .. of `map`, `row` its first row) as
+// fill b of `ring`, in order, each block once the consumers have released
+// fill b - S (the ring's first round waits for nothing).
 template <int S, int kBytes>
-__device__ __forceinline__ void stream_blocks(const Ring<S, kBytes>& ring, const CUtensorMap* map, int row,
+__device__ __forceinline__ void stream_blocks(const pipeline::Ring<S, kBytes>& ring, const CUtensorMap* map, int row,
                                               int blocks) {
+  pipeline::Position<S> at;
   for (int b = 0; b < blocks; ++b) {
-    if (b >= S) ptx::mbar_wait(&ring.empty[b % S], ring.parity(b - S));
-    uint64_t* full = &ring.full[b % S];
-    ptx::mbar_arrive_expect_tx(full, kBytes);
-    ptx::tma_load_2d(ring.stage(b), map, ptx::smem_addr(full), b * kBlockK, row);
+    if (b >= S) ring.acquire(at);
+    ring.arm(at, kBytes);
+    ptx::tma_load_2d(ring.stage_addr(at), map, ring.full_bar(at), b * kBlockK, row);
+    at.advance();
   }
 }
 
@@ -94,4 +83,4 @@ __device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap
   stream_blocks(r.x, x_map, 0, blocks);
 }
 
-}  // namespace muse_decode::oproj
+}  // namespace muse_decode::o_proj_impl

@@ -14,10 +14,11 @@
 #include <cstdint>
 
 #include "../common/hardware.h"
+#include "../common/swizzle.cuh"
 #include "muse_decode/constants.h"
-#include "muse_decode/qkv_front.h"
+#include "params.h"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // ---- threads -----------------------------------------------------------------
 inline constexpr int kConsumerWarps = 4;
@@ -42,8 +43,8 @@ template <int NT>
 inline constexpr uint32_t kStageCopyBytes = kWBytes + NT * 8 * kFrontBlockK * 2;
 
 static_assert(kFrontTileRows == kConsumerWarps * 16, "each consumer warp owns 16 rows (one m16 tile) of a head");
-static_assert(kFrontBlockK * 2 == 128, "a block row is 128 bytes: the 128-byte TMA swizzle span");
-static_assert(kWBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+static_assert(kFrontBlockK * 2 == swizzle::kRowBytes, "a block row is 128 bytes: the 128-byte TMA swizzle span");
+static_assert(kWBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
 static_assert(kHiddenSize % kFrontBlockK == 0, "K splits into whole blocks");
 static_assert(kHeadDim == 64 && kFrontTileRows == kHeadDim,
               "a tile is one head, and the epilogue maps lane l to the pair (2l, 2l+1)");
@@ -54,9 +55,8 @@ static_assert(kFrontMaxTokens == 16, "at most two n-tiles of 8 tokens");
 // alternate over kChains independent accumulators (k-step ks into chain
 // ks % kChains, summed in a fixed order after the loop), so a stage costs one
 // load latency and a short MMA chain. The cluster kernel takes 2 (H200, TP8
-// T = 16: 11.45 us against 11.84 with one chain and the loads interleaved,
-// 11.65 with 4 chains); the stream-K kernel keeps 1 (2 cost TP1 2 us at
-// T = 16: 77.1 against 75.4).
+// T = 16: 11.45 us against 11.84 with one), the stream-K kernel 1 (2 cost
+// TP1 2 us at T = 16); docs/qkv_front.md has the designs set aside.
 inline constexpr int kClusterChains = 2;
 inline constexpr int kStreamKChains = 1;
 static_assert(kKSteps % kClusterChains == 0 && kKSteps % kStreamKChains == 0,
@@ -70,10 +70,9 @@ static_assert(kKSteps % kClusterChains == 0 && kKSteps % kStreamKChains == 0,
 // and slots, and the barriers; 1 KB of slack aligns the ring at run time.
 struct StreamKLayout {
   static constexpr int kCtasPerSm = 2;
-  // 8 stages ran the same within 1-2% (H200).
   static constexpr int kStages = 10;
   // Stages issued before griddepcontrol.wait: all (TP1 0.3-0.5 us faster
-  // than 6 or 4).
+  // than 6).
   static constexpr int kEarlyStages = kStages;
   static constexpr int kXBytes = kFrontMaxTokens * kFrontBlockK * 2;  // x box: 8 or 16 token rows
   static constexpr int kStageBytes = kWBytes + kXBytes;
@@ -83,9 +82,9 @@ struct StreamKLayout {
   static constexpr int kSlotOffset = kRopeOffset + kFrontMaxTokens * kHeadDim * 4;
   static constexpr int kBarrierOffset = kSlotOffset + kFrontMaxTokens * 8;
   // full and empty per stage, staged, then the CTA's "last to arrive" flag.
-  static constexpr int kSmemBytes = 1024 /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
+  static constexpr int kSmemBytes = swizzle::kAtomBytes /* alignment slack */ + kBarrierOffset + (2 * kStages + 1) * 8 + 16;
 
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+  static_assert(kStageBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
   static_assert(kEarlyStages >= 1 && kEarlyStages <= kStages, "the stages issued early are stages of the ring");
   static_assert(kSmemBytes <= detail::smem_budget_per_cta(kCtasPerSm),
                 "two CTAs per SM: the next launch starts beside this one");
@@ -94,17 +93,15 @@ static_assert(kFrontPartialBytes == kConsumerThreads * 2 * 16, "a workspace part
 
 // ---- cluster kernel (2 KV heads: TP8) ------------------------------------------------
 // One cluster of kClusterCtas CTAs per head, each streaming one slice of K:
-// 36 heads x 3 = 108 CTAs at TP8, one wave (H200, T = 1: C = 2, 72 CTAs,
-// 13.9 us against 10.7; C = 4, 144 CTAs, 11.6 against 10.3).
+// 36 heads x 3 = 108 CTAs at TP8, one wave (H200, T = 1: 10.3 us against
+// 11.6 with clusters of 4, which do not fit in one wave).
 inline constexpr int kClusterCtas = 3;
 static_assert(kClusterCtas >= 2 && kClusterCtas <= detail::kPortableClusterSize,
               "a head's partials merge over a portable cluster of two or more CTAs");
 
-// CTAs per SM by n-tile count (H200, TP8): the whole shared memory as the
-// ring (192 KB of weight in flight per SM) beats leaving room for the next
-// launch's CTA: 10.0-10.1 us against 10.4-10.7 at T <= 8, and at T = 16
-// 10.75 against 11.4 with the consumers releasing a stage as soon as its
-// fragments are in registers.
+// CTAs per SM by n-tile count: the whole shared memory as the ring (192 KB
+// of weight in flight per SM) beats leaving room for the next launch's CTA
+// (H200, TP8, T <= 8: 10.0-10.1 us against 10.4-10.7).
 inline constexpr int kClusterCtasPerSmOneTile = 1;
 inline constexpr int kClusterCtasPerSmTwoTiles = 1;
 
@@ -138,7 +135,7 @@ struct ClusterLayout {
 
   static_assert(NT == 1 || NT == 2, "one or two n-tiles of 8 tokens");
   static_assert(kStageBytes == kStageCopyBytes<NT>, "a stage holds exactly its copies");
-  static_assert(kStageBytes % 1024 == 0, "128-byte swizzled tiles start on 1024 bytes");
+  static_assert(kStageBytes % swizzle::kAtomBytes == 0, "128-byte swizzled tiles start on 1024 bytes");
   static_assert(kTokens * kYStride * 4 <= kMergeBytes, "the epilogue tile fits in the merge slots");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");
   static_assert(kStages >= 8, "at least 64 KB of weight in flight per CTA");
@@ -156,4 +153,4 @@ enum class Phase : int {
   kExit,        // partials pushed (cluster ranks > 0) or the epilogue written
 };
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

@@ -20,7 +20,7 @@
 #include "config.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // Where the epilogue works in shared memory.
 struct EpilogueSmem {
@@ -31,7 +31,7 @@ struct EpilogueSmem {
 };
 
 // The staging warp: every token's epilogue inputs into shared memory.
-__device__ __forceinline__ void stage_epilogue_inputs(const QkvFrontParams& p, const EpilogueSmem& sm, int lane) {
+__device__ __forceinline__ void stage_epilogue_inputs(const Params& p, const EpilogueSmem& sm, int lane) {
   ptx::griddep_wait();  // positions and slots may be the previous kernel's output
   const int T = p.num_tokens;
   int64_t pos = 0;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void stage_epilogue_inputs(const QkvFrontParams& p, c
 // Ends with a consumer barrier, so ybuf may be rewritten afterwards.
 template <int NT>
 __device__ __forceinline__ void head_epilogue(const float (&acc)[NT][4], const EpilogueSmem& sm, bool& inputs_staged,
-                                              int tile, const QkvFrontParams& p, int warp, int lane) {
+                                              int tile, const Params& p, int warp, int lane) {
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -120,4 +120,4 @@ __device__ __forceinline__ void head_epilogue(const float (&acc)[NT][4], const E
   sync_consumers();  // ybuf is rewritten by the next head
 }
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

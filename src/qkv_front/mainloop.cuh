@@ -9,26 +9,21 @@
 
 #include <cstdint>
 
+#include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
+#include "../common/swizzle.cuh"
 #include "config.cuh"
 #include "pipeline.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows
-// written by TMA with the 128-byte swizzle (chunk index XOR row mod 8).
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
-// The rows and chunks this lane addresses for ldmatrix: A = the warp's 16
-// weight rows, matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15); B = x rows
-// (tokens), matrices (k 0-7 | 8-15) x (tokens 0-7 | 8-15).
+// The rows and chunks this lane addresses for ldmatrix (swizzle.cuh): A =
+// the warp's 16 weight rows of the tile, B = x rows (tokens).
 struct FragRows {
   int a_row, a_chunk, b_row, b_chunk;
 
   __device__ __forceinline__ static FragRows of(int warp, int lane) {
-    return {warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4, (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1};
+    return {warp * 16 + swizzle::a_row(lane), swizzle::a_chunk(lane), swizzle::b_row(lane), swizzle::b_chunk(lane)};
   }
 };
 
@@ -45,11 +40,11 @@ template <int NT>
 __device__ __forceinline__ void load_block(BlockFrags<NT>& f, uint32_t w_s, uint32_t x_s, const FragRows& r) {
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
-    ptx::ldmatrix_x4(f.a[ks], w_s + swizzled(r.a_row, ks * 2 + r.a_chunk));
+    ptx::ldmatrix_x4(f.a[ks], w_s + swizzle::offset(r.a_row, ks * 2 + r.a_chunk));
     if constexpr (NT == 2)
-      ptx::ldmatrix_x4(f.b[ks], x_s + swizzled(r.b_row, ks * 2 + r.b_chunk));
+      ptx::ldmatrix_x4(f.b[ks], x_s + swizzle::offset(r.b_row, ks * 2 + r.b_chunk));
     else
-      ptx::ldmatrix_x2(f.b[ks], x_s + swizzled(r.b_row & 7, ks * 2 + r.b_chunk));
+      ptx::ldmatrix_x2(f.b[ks], x_s + swizzle::offset(r.b_row & 7, ks * 2 + r.b_chunk));
   }
 }
 
@@ -100,19 +95,18 @@ enum class Release {
 // `end`), from ring position `at` on: wait for the stage, multiply, release it.
 template <Release kRelease, int NT, int kChains, typename Index, int S, int kStageBytes>
 __device__ __forceinline__ void mma_blocks(Chains<NT, kChains>& chains, const Ring<S, kStageBytes>& ring,
-                                           RingPosition<S>& at, Index& next, Index end, const FragRows& rows,
+                                           pipeline::Position<S>& at, Index& next, Index end, const FragRows& rows,
                                            int lane) {
   for (; next < end; ++next) {
-    ptx::mbar_wait(&ring.full[at.stage], at.phase);
-    const uint32_t w_s = ring.weight(at.stage);
+    ring.wait(at);
     BlockFrags<NT> f;
-    load_block(f, w_s, w_s + kWBytes, rows);
+    load_block(f, weight_of(ring, at), x_of(ring, at), rows);
     if constexpr (kRelease == Release::kAfterMma) mma_frags(chains, f);
     __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&ring.empty[at.stage]);
+    if (lane == 0) ring.release(at);
     if constexpr (kRelease == Release::kInRegisters) mma_frags(chains, f);
     at.advance();
   }
 }
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

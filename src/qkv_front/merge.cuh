@@ -21,7 +21,7 @@
 #include "pipeline.cuh"
 #include "schedule.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // ---- stream-K: through the workspace ---------------------------------------------
 // Workspace: one uint32 arrival counter per tile (padded to 256 bytes), then
@@ -128,4 +128,4 @@ struct ClusterMerge {
   }
 };
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

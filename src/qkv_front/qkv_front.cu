@@ -10,7 +10,7 @@
 // (merge.cuh), and its owner runs the epilogue (epilogue.cuh). Which CTA
 // streams which blocks: schedule.cuh; the shapes and constants: config.cuh.
 //
-// Two kernels, chosen per KV-head count (front::path_for):
+// Two kernels, chosen per KV-head count (path_for):
 // - Cluster kernel (2 KV heads, TP8: 36 heads): a thread-block cluster of 3
 //   CTAs per head (108 CTAs, one wave), each CTA one slice of K, merged
 //   through distributed shared memory by the head's owner. It takes the whole
@@ -28,17 +28,17 @@
 
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
-#include "../common/tensor_map_cache.h"
+#include "../common/tensor_map.h"
 #include "../common/trace.cuh"
 #include "config.cuh"
 #include "epilogue.cuh"
 #include "mainloop.cuh"
 #include "merge.cuh"
 #include "pipeline.cuh"
-#include "qkv_front_kernels.h"
+#include "params.h"
 #include "schedule.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 MUSE_DECODE_TRACE_RING(qkv_front_trace)
 static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase has a stamp word");
@@ -50,23 +50,24 @@ namespace {
 template <int NT>
 __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
     qkv_front_streamk_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                             const QkvFrontParams p) {
-  using L = StreamKLayout;
+                             const Params p) {
+  using Layout = StreamKLayout;
   trace::Recorder<Phase> trace(qkv_front_trace());
   trace.tag(gridDim.x);
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
-  const Ring<L::kStages, L::kStageBytes> ring{smem, full, full + L::kStages};
-  const EpilogueSmem epi{reinterpret_cast<float*>(smem + L::kYOffset), reinterpret_cast<float*>(smem + L::kRopeOffset),
-                         reinterpret_cast<int64_t*>(smem + L::kSlotOffset), full + 2 * L::kStages};
+  constexpr uintptr_t kAlign = swizzle::kAtomBytes;
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~(kAlign - 1));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kBarrierOffset);
+  const Ring<Layout::kStages, Layout::kStageBytes> ring{ptx::smem_addr(smem), full, full + Layout::kStages};
+  const EpilogueSmem epi{reinterpret_cast<float*>(smem + Layout::kYOffset), reinterpret_cast<float*>(smem + Layout::kRopeOffset),
+                         reinterpret_cast<int64_t*>(smem + Layout::kSlotOffset), full + 2 * Layout::kStages};
   int* s_last = reinterpret_cast<int*>(epi.staged + 1);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const StreamKWork work = StreamKWork::of_this_cta(p.num_kv_heads);
 
   if (threadIdx.x == 0) {
-    ring.init();
+    ring.init(kConsumerWarps);
     ptx::mbar_init(epi.staged, 1);
     ptx::fence_mbarrier_init();
   }
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
       return BlockCoord{static_cast<int>(b % kFrontBlocksPerTile), static_cast<int>(b / kFrontBlocksPerTile)};
     };
     if (lane == 0)
-      produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, static_cast<int>(work.end - work.begin),
+      produce<Layout::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, static_cast<int>(work.end - work.begin),
                                block_at);
     return;
   }
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
   trace.mark(Phase::kWaited);
   const FragRows rows = FragRows::of(warp, lane);
   const WorkspaceMerge<NT> merge(p.workspace, work.tiles);
-  RingPosition<L::kStages> at;
+  pipeline::Position<Layout::kStages> at;
   bool inputs_staged = false;
   int64_t b = work.begin;
   while (b < work.end) {
@@ -121,20 +122,20 @@ __global__ void __launch_bounds__(kThreads, StreamKLayout::kCtasPerSm)
 template <int NT>
 __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
     qkv_front_cluster_kernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
-                             const QkvFrontParams p) {
-  using L = ClusterLayout<NT>;
+                             const Params p) {
+  using Layout = ClusterLayout<NT>;
   using Split = ClusterSplit<NT>;
   trace::Recorder<Phase> trace(qkv_front_trace());
   trace.tag(gridDim.x);
   // 1024-byte alignment of the dynamic shared memory (the 128-byte swizzle's
   // period), checked at entry.
-  extern __shared__ __align__(1024) uint8_t smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarrierOffset);
-  const Ring<L::kStages, L::kStageBytes> ring{smem, full, full + L::kStages};
-  float* const slots = reinterpret_cast<float*>(smem + L::kMergeOffset);
+  extern __shared__ __align__(swizzle::kAtomBytes) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Layout::kBarrierOffset);
+  const Ring<Layout::kStages, Layout::kStageBytes> ring{ptx::smem_addr(smem), full, full + Layout::kStages};
+  float* const slots = reinterpret_cast<float*>(smem + Layout::kMergeOffset);
   const EpilogueSmem epi{slots /* the epilogue tile reuses the merge slots once summed */,
-                         reinterpret_cast<float*>(smem + L::kRopeOffset),
-                         reinterpret_cast<int64_t*>(smem + L::kSlotOffset), full + 2 * L::kStages};
+                         reinterpret_cast<float*>(smem + Layout::kRopeOffset),
+                         reinterpret_cast<int64_t*>(smem + Layout::kSlotOffset), full + 2 * Layout::kStages};
   const ClusterMerge<NT> merge{slots, epi.staged + 1};
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -143,12 +144,12 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   const typename Split::Slice slice = Split::of_rank(rank);
 
   if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem) & 1023u) __trap();  // the swizzle addressing needs it
-    ring.init();
+    if (ptx::smem_addr(smem) % swizzle::kAtomBytes != 0) __trap();  // the swizzle addressing needs it
+    ring.init(kConsumerWarps);
     ptx::mbar_init(epi.staged, 1);
     ptx::mbar_init(merge.merged, 1);
     // The owner's own arrival, expecting the others' partials.
-    if (rank == 0) ptx::mbar_arrive_expect_tx(merge.merged, (kClusterCtas - 1) * L::kPartialBytes);
+    if (rank == 0) ptx::mbar_arrive_expect_tx(merge.merged, (kClusterCtas - 1) * Layout::kPartialBytes);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   if (warp == kProducerWarp) {
     const auto block_at = [&](int i) { return BlockCoord{slice.begin + i, head}; };
     if (lane == 0)
-      produce<L::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, slice.end - slice.begin, block_at);
+      produce<Layout::kEarlyStages>(ring, &w_map, &x_map, kStageCopyBytes<NT>, slice.end - slice.begin, block_at);
     return;
   }
 
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
   const FragRows rows = FragRows::of(warp, lane);
   Chains<NT, kClusterChains> chains;
   zero_chains(chains);
-  RingPosition<L::kStages> at;
+  pipeline::Position<Layout::kStages> at;
   int b = slice.begin;
   mma_blocks<Release::kInRegisters>(chains, ring, at, b, slice.end, rows, lane);
   trace.mark(Phase::kLoopDone);
@@ -206,40 +207,20 @@ __global__ void __launch_bounds__(kThreads, ClusterLayout<NT>::kCtasPerSm)
 // ---------------------------------------------------------------------------
 // Host side: tensor maps, the launches and the dispatch table.
 
-// L2 promotion of the TMA reads: none (H200, TP1 T = 1: 74.2 us against 78.4
-// with 256 B).
-constexpr CUtensorMapL2promotion kL2Promotion = CU_TENSOR_MAP_L2_PROMOTION_NONE;
-
-// A bf16 [rows, 8192] tensor read in boxes of box_rows x 64 columns, 128-byte swizzle.
-bool encode_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stride, int box_rows) {
-  const auto encode = detail::encode_tiled_fn();
-  if (!encode) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kHiddenSize), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_stride) * 2};
-  const cuuint32_t box[2] = {kFrontBlockK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, kL2Promotion,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// The two maps of a launch come from this thread's table (tensor_map_cache.h):
-// a layer's weight always hits it, x when the allocator hands back its buffer.
-bool make_map(CUtensorMap* map, const void* data, int64_t rows, int64_t row_stride, int box_rows) {
-  return detail::cached_tensor_map<8>(map, detail::TensorMapKey{data, {rows, row_stride, box_rows}},
-                                      [&](CUtensorMap* m) { return encode_map(m, data, rows, row_stride, box_rows); });
-}
-
+// The launch's two maps, from this thread's table (src/common/tensor_map.h):
 // W in boxes of one head's 64 rows, x in boxes of NT * 8 token rows (the
-// rows past T zero-filled).
+// rows past T zero-filled). A layer's weight always hits the table, x when
+// the allocator hands back its buffer.
+struct MapSite {};
 template <int NT>
-bool make_maps(const QkvFrontParams& p, CUtensorMap* w_map, CUtensorMap* x_map) {
-  return make_map(w_map, p.weight, qkv_width(p.num_kv_heads), kHiddenSize, kFrontTileRows) &&
-         make_map(x_map, p.x, p.num_tokens, p.x_stride, NT * 8);
+bool make_maps(const Params& p, CUtensorMap* w_map, CUtensorMap* x_map) {
+  return tma::cached<MapSite, 8>(w_map, tma::bf16_rows(p.weight, qkv_width(p.num_kv_heads), kHiddenSize,
+                                                       kHiddenSize, kFrontTileRows)) &&
+         tma::cached<MapSite, 8>(x_map, tma::bf16_rows(p.x, p.num_tokens, kHiddenSize, p.x_stride, NT * 8));
 }
 
 template <int NT>
-cudaError_t launch_streamk(const QkvFrontParams& p, cudaStream_t stream) {
+cudaError_t launch_streamk(const Params& p, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
   if (!make_maps<NT>(p, &w_map, &x_map)) return cudaErrorInvalidValue;
   const detail::LaunchShape shape{dim3(p.num_ctas), dim3(kThreads), StreamKLayout::kSmemBytes, 0, p.pdl};
@@ -248,7 +229,7 @@ cudaError_t launch_streamk(const QkvFrontParams& p, cudaStream_t stream) {
 }
 
 template <int NT>
-cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
+cudaError_t launch_cluster(const Params& p, cudaStream_t stream) {
   CUtensorMap w_map, x_map;
   if (!make_maps<NT>(p, &w_map, &x_map)) return cudaErrorInvalidValue;
   const int heads = qkv_width(p.num_kv_heads) / kFrontTileRows;
@@ -256,11 +237,6 @@ cudaError_t launch_cluster(const QkvFrontParams& p, cudaStream_t stream) {
                                   static_cast<unsigned>(ClusterLayout<NT>::kSmemBytes), kClusterCtas, p.pdl};
   return static_cast<cudaError_t>(
       detail::launch_kernel<qkv_front_cluster_kernel<NT>>(shape, stream, w_map, x_map, p));
-}
-
-template <auto Kernel>
-cudaError_t set_smem_limit(int bytes) {
-  return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Which kernel serves a KV-head count: the cluster kernel where one cluster
@@ -276,22 +252,17 @@ Path path_for(int num_kv_heads) {
 }
 
 }  // namespace
-}  // namespace muse_decode::front
 
-namespace muse_decode::detail {
-
-int qkv_front_set_kernel_attributes() {
-  using namespace front;
-  if (!encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
-  cudaError_t err = set_smem_limit<qkv_front_streamk_kernel<1>>(StreamKLayout::kSmemBytes);
-  if (err == cudaSuccess) err = set_smem_limit<qkv_front_streamk_kernel<2>>(StreamKLayout::kSmemBytes);
-  if (err == cudaSuccess) err = set_smem_limit<qkv_front_cluster_kernel<1>>(ClusterLayout<1>::kSmemBytes);
-  if (err == cudaSuccess) err = set_smem_limit<qkv_front_cluster_kernel<2>>(ClusterLayout<2>::kSmemBytes);
+int set_kernel_attributes() {
+  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+  cudaError_t err = detail::set_smem_limit<qkv_front_streamk_kernel<1>>(StreamKLayout::kSmemBytes);
+  if (err == cudaSuccess) err = detail::set_smem_limit<qkv_front_streamk_kernel<2>>(StreamKLayout::kSmemBytes);
+  if (err == cudaSuccess) err = detail::set_smem_limit<qkv_front_cluster_kernel<1>>(ClusterLayout<1>::kSmemBytes);
+  if (err == cudaSuccess) err = detail::set_smem_limit<qkv_front_cluster_kernel<2>>(ClusterLayout<2>::kSmemBytes);
   return static_cast<int>(err);
 }
 
-int qkv_front_launch(const QkvFrontParams& p, Stream stream) {
-  using namespace front;
+int launch(const Params& p, Stream stream) {
   // The table has no kernel for other token counts, and stream-K needs its workspace.
   if (p.num_tokens < 1 || p.num_tokens > kFrontMaxTokens || p.num_ctas < 1 || p.workspace == nullptr)
     return static_cast<int>(cudaErrorInvalidValue);
@@ -307,4 +278,4 @@ int qkv_front_launch(const QkvFrontParams& p, Stream stream) {
   return static_cast<int>(err);
 }
 
-}  // namespace muse_decode::detail
+}  // namespace muse_decode::qkv_front_impl

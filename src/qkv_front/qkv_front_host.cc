@@ -8,7 +8,7 @@
 #include "../common/hardware.h"
 #include "muse_decode/arch.h"
 #include "muse_decode/qkv_front.h"
-#include "qkv_front_kernels.h"
+#include "params.h"
 
 namespace muse_decode {
 
@@ -20,6 +20,9 @@ using detail::require_contiguous;
 using detail::require_kv_heads;
 using detail::require_rows16;
 using detail::require_tensor;
+using qkv_front_impl::kFrontBlocksPerTile;
+using qkv_front_impl::kFrontPartialBytes;
+using qkv_front_impl::kFrontTileRows;
 
 namespace {
 
@@ -92,7 +95,7 @@ void check_workspace(const TensorRef& ws, int kvh, int device) {
 
 // Every check of a call, in the order of the arguments; out and workspace
 // only where given unless `complete` (check_qkv_front).
-QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
+qkv_front_impl::Params check_call(const QkvFrontArgs& a, bool complete) {
   using detail::require_disjoint;
   // x decides the device and the number of tokens.
   const TensorRef& x = a.x;
@@ -143,7 +146,7 @@ QkvFrontParams check_call(const QkvFrontArgs& a, bool complete) {
     require_disjoint(ws, "workspace", out, "out");
   }
 
-  QkvFrontParams p;
+  qkv_front_impl::Params p;
   p.x = x.data;
   p.x_stride = T > 1 ? x.stride[0] : kHiddenSize;
   p.weight = a.weight.data;
@@ -266,13 +269,15 @@ std::optional<std::string> unsupported_qkv_front_call(const QkvFrontArgs& args) 
 
 bool qkv_front_supports_call(const QkvFrontArgs& args) { return !unsupported_qkv_front_call(args); }
 
-QkvFrontParams check_qkv_front(const QkvFrontArgs& args) { return check_call(args, true); }
+void check_qkv_front(const QkvFrontArgs& args) { check_call(args, true); }
+
+qkv_front_impl::Params qkv_front_impl::params_of(const QkvFrontArgs& args) { return check_call(args, true); }
 
 // ---------------------------------------------------------------------------
 // Device setup and launch.
 void prepare_qkv_front(int device) {
   detail::prepare_device(g_prepared, "qkv_front", device, [](int d) {
-    detail::throw_if_cuda_error(detail::qkv_front_set_kernel_attributes(),
+    detail::throw_if_cuda_error(qkv_front_impl::set_kernel_attributes(),
                                 "prepare_qkv_front: setting the kernel attributes");
     QkvFrontDevice s;
     s.sms = sm_count(d);
@@ -280,12 +285,10 @@ void prepare_qkv_front(int device) {
   });
 }
 
-int launch(const QkvFrontParams& p, Stream stream) { return detail::qkv_front_launch(p, stream); }
-
 void qkv_front(const QkvFrontArgs& args, Stream stream) {
-  const QkvFrontParams p = check_qkv_front(args);
+  const qkv_front_impl::Params p = qkv_front_impl::params_of(args);
   detail::require_prepared(g_prepared, "qkv_front", args.x.device);
-  detail::throw_if_cuda_error(detail::qkv_front_launch(p, stream), "qkv_front: kernel launch");
+  detail::throw_if_cuda_error(qkv_front_impl::launch(p, stream), "qkv_front: kernel launch");
 }
 
 // ---------------------------------------------------------------------------
@@ -335,8 +338,8 @@ void QkvFront::operator()(const TensorRef& x, const TensorRef& positions, const 
 #ifndef MUSE_DECODE_WITH_CUDA
 // A build without CUDA keeps the host API and answers the kernels' entries
 // with cudaErrorNotSupported.
-namespace muse_decode::detail {
-int qkv_front_launch(const QkvFrontParams&, Stream) { return kCudaErrorNotSupported; }
-int qkv_front_set_kernel_attributes() { return kCudaErrorNotSupported; }
-}  // namespace muse_decode::detail
+namespace muse_decode::qkv_front_impl {
+int launch(const Params&, Stream) { return detail::kCudaErrorNotSupported; }
+int set_kernel_attributes() { return detail::kCudaErrorNotSupported; }
+}  // namespace muse_decode::qkv_front_impl
 #endif

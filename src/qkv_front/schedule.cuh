@@ -8,7 +8,7 @@
 
 #include "config.cuh"
 
-namespace muse_decode::front {
+namespace muse_decode::qkv_front_impl {
 
 // ---- stream-K ------------------------------------------------------------------
 // The blocks of every tile (head) numbered tile-major; CTA c of G owns blocks
@@ -85,4 +85,4 @@ struct ClusterSplit {
   }
 };
 
-}  // namespace muse_decode::front
+}  // namespace muse_decode::qkv_front_impl

@@ -6,7 +6,7 @@
 #include "../common/checks.h"
 #include "../common/hardware.h"
 #include "muse_decode/route.h"
-#include "route_kernels.h"
+#include "params.h"
 
 namespace muse_decode {
 
@@ -73,7 +73,7 @@ std::optional<std::string> unsupported_router(const RouterDesc& r) {
 
 // ---------------------------------------------------------------------------
 // Per-call checks.
-RouteParams check_route(const RouteArgs& a) {
+route_impl::Params route_impl::params_of(const RouteArgs& a) {
   using namespace detail;
   // The bias (the layer's) decides the device.
   const TensorRef& bias = a.expert_bias;
@@ -120,7 +120,7 @@ RouteParams check_route(const RouteArgs& a) {
   require_disjoint(a.ids, "ids", bias, "expert_bias");
   require_disjoint(a.weights, "weights", bias, "expert_bias");
 
-  RouteParams p;
+  Params p;
   p.logits = static_cast<const float*>(logits.data);
   p.logits_stride = logits.shape[0] > 1 ? logits.stride[0] : kNumExperts;
   p.bias = static_cast<const float*>(bias.data);
@@ -163,6 +163,8 @@ RouteParams check_route(const RouteArgs& a) {
   return p;
 }
 
+void check_route(const RouteArgs& args) { route_impl::params_of(args); }
+
 std::optional<std::string> unsupported_route_call(const RouteArgs& args) {
   return detail::reason_of([&] { check_route(args); });
 }
@@ -179,12 +181,10 @@ void prepare_route(int device) {
   detail::prepare_device(g_prepared, "route", device, [](int) { return RouteDevice{}; });
 }
 
-int launch(const RouteParams& p, Stream stream) { return detail::route_launch(p, stream); }
-
 void route(const RouteArgs& args, Stream stream) {
-  const RouteParams p = check_route(args);
+  const route_impl::Params p = route_impl::params_of(args);
   detail::require_prepared(g_prepared, "route", args.expert_bias.device);
-  detail::throw_if_cuda_error(detail::route_launch(p, stream), "route: kernel launch");
+  detail::throw_if_cuda_error(route_impl::launch(p, stream), "route: kernel launch");
 }
 
 // ---------------------------------------------------------------------------
@@ -213,7 +213,7 @@ void MuseRouting::operator()(const TensorRef& logits, const TensorRef& ids, cons
 #ifndef MUSE_DECODE_WITH_CUDA
 // A build without CUDA keeps the host API and answers the launch with
 // cudaErrorNotSupported.
-namespace muse_decode::detail {
-int route_launch(const RouteParams&, Stream) { return kCudaErrorNotSupported; }
-}  // namespace muse_decode::detail
+namespace muse_decode::route_impl {
+int launch(const Params&, Stream) { return detail::kCudaErrorNotSupported; }
+}  // namespace muse_decode::route_impl
 #endif

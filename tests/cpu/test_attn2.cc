@@ -20,6 +20,7 @@
 #include "muse_decode/attn2.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/reference/attn2.h"
+#include "attn2/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -92,38 +93,59 @@ TEST(Attn2Sizing, Window) {
 }
 
 TEST(Attn2Sizing, Splits) {
-  EXPECT_EQ(md::attn2_splits(2048, 0, 2), 1);
-  EXPECT_EQ(md::attn2_splits(131072, 2048, 2), 1);
-  EXPECT_EQ(md::attn2_splits(131072, 100, 16), 1);
-  EXPECT_EQ(md::attn2_splits(131072, 0, 2), 7);    // TP8: 7 clusters of 16 = 224 CTAs, one wave
-  EXPECT_EQ(md::attn2_splits(131072, 0, 4), 7);    // TP4: 224 CTAs
-  EXPECT_EQ(md::attn2_splits(131072, 0, 16), 2);   // TP1: at least 2
-  EXPECT_EQ(md::attn2_splits(131072, 0, 1), 14);
-  EXPECT_EQ(md::attn2_splits(4096, 0, 2), 2);      // 32 groups of 128 keys: 2 clusters of 16
-  EXPECT_EQ(md::attn2_splits(2049, 0, 2), 2);      // 17 groups
+  const md::Attn2Residency& h200 = md::kH200Attn2Residency;
+  EXPECT_EQ(md::attn2_splits(2048, 0, 2, h200), 1);
+  EXPECT_EQ(md::attn2_splits(131072, 2048, 2, h200), 1);
+  EXPECT_EQ(md::attn2_splits(131072, 100, 16, h200), 1);
+  EXPECT_EQ(md::attn2_splits(131072, 0, 2, h200), 7);    // TP8: 7 clusters of 16 = 224 CTAs, one wave
+  EXPECT_EQ(md::attn2_splits(131072, 0, 4, h200), 7);    // TP4: 224 CTAs
+  EXPECT_EQ(md::attn2_splits(131072, 0, 16, h200), 2);   // TP1: at least 2
+  EXPECT_EQ(md::attn2_splits(131072, 0, 1, h200), 14);
+  EXPECT_EQ(md::attn2_splits(131072, 0, 3, h200), 10);   // 240 / (8 * 3)
+  EXPECT_EQ(md::attn2_splits(131072, 0, 5, h200), 6);    // 240 / (8 * 5)
+  EXPECT_EQ(md::attn2_splits(4096, 0, 2, h200), 2);      // 32 groups of 128 keys: 2 clusters of 16
+  EXPECT_EQ(md::attn2_splits(2049, 0, 2, h200), 2);      // 17 groups
   for (int mml : {2049, 4096, 8192, 32768, 131072, 1 << 20})
-    for (int kvh : {1, 2, 4, 8, 16}) {
-      const int s = md::attn2_splits(mml, 0, kvh);
+    for (int kvh = 1; kvh <= 16; ++kvh) {
+      const int s = md::attn2_splits(mml, 0, kvh, h200);
       EXPECT_GE(s, 1);
       EXPECT_LE(s, md::kAttn2MaxSplits);
     }
 }
 
+// The slices fill the residency given, as a split heuristic takes the SM
+// count: a GPU of twice the H200's co-resident CTAs takes twice the slices,
+// one that places no cluster of 16 (0 resident) the minimum of 2.
+TEST(Attn2Sizing, SplitsFollowTheResidency) {
+  const md::Attn2Residency big{16, 480, 448};
+  EXPECT_EQ(md::attn2_splits(131072, 0, 2, big), 14);
+  EXPECT_EQ(md::attn2_splits(131072, 0, 4, big), 15);
+  EXPECT_EQ(md::attn2_splits(131072, 0, 16, big), 3);
+  const md::Attn2Residency none{8, 0, 0};
+  EXPECT_EQ(md::attn2_splits(131072, 0, 2, none), 2);
+  EXPECT_EQ(md::attn2_splits(131072, 0, 8, none), 2);
+  // The current device's: the H200's on a host without a supported GPU.
+  if (!md::supported_family(md::gpu_family()))
+    EXPECT_EQ(md::attn2_splits(131072, 0, 2), md::attn2_splits(131072, 0, 2, md::kH200Attn2Residency));
+}
+
 TEST(Attn2Sizing, SplitsCheckEveryArgument) {
-  EXPECT_EQ(error_of([] { md::attn2_splits(-5, 0, 2); }), "max_model_len must be at least 8, got -5");
-  EXPECT_EQ(error_of([] { md::attn2_splits(7, 0, 2); }), "max_model_len must be at least 8, got 7");
-  EXPECT_EQ(error_of([] { md::attn2_splits(32768, -1, 2); }),
+  const md::Attn2Residency& h200 = md::kH200Attn2Residency;
+  EXPECT_EQ(error_of([&] { md::attn2_splits(-5, 0, 2, h200); }), "max_model_len must be at least 8, got -5");
+  EXPECT_EQ(error_of([&] { md::attn2_splits(7, 0, 2, h200); }), "max_model_len must be at least 8, got 7");
+  EXPECT_EQ(error_of([&] { md::attn2_splits(32768, -1, 2, h200); }),
             "window must be 0 or in [1, max_model_len) (see attn2_window), got -1");
-  EXPECT_EQ(error_of([] { md::attn2_splits(2048, 2048, 2); }),
+  EXPECT_EQ(error_of([&] { md::attn2_splits(2048, 2048, 2, h200); }),
             "window must be 0 or in [1, max_model_len) (see attn2_window), got 2048");
-  // The KV heads of a rank of Muse Spark's 16: the heuristic and the kernels
-  // are built for these.
-  for (int kvh : {-1, 0, 3, 5, 12, 32, 64})
-    EXPECT_EQ(error_of([&] { md::attn2_splits(32768, 0, kvh); }),
-              "num_kv_heads must be one of 1, 2, 4, 8, 16, got " + std::to_string(kvh));
+  // Any KV-head count of a rank of Muse Spark's 16.
+  for (int kvh : {-1, 0, 17, 32, 64})
+    EXPECT_EQ(error_of([&] { md::attn2_splits(32768, 0, kvh, h200); }),
+              "num_kv_heads must be in [1, 16], got " + std::to_string(kvh));
+  for (int kvh = 1; kvh <= 16; ++kvh) EXPECT_EQ(error_of([&] { md::attn2_splits(32768, 0, kvh, h200); }), "(no error)");
   // Checked on the short and windowed paths too, which need no heuristic.
-  EXPECT_EQ(error_of([] { md::attn2_splits(2048, 0, 3); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
-  EXPECT_EQ(error_of([] { md::attn2_splits(131072, 2048, 0); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 0");
+  EXPECT_EQ(error_of([&] { md::attn2_splits(2048, 0, 17, h200); }), "num_kv_heads must be in [1, 16], got 17");
+  EXPECT_EQ(error_of([&] { md::attn2_splits(131072, 2048, 0, h200); }), "num_kv_heads must be in [1, 16], got 0");
+  EXPECT_EQ(error_of([] { md::attn2_splits(131072, 2048, 0); }), "num_kv_heads must be in [1, 16], got 0");
 }
 
 // A cap on the cluster size from the environment must be 8 or 16; anything
@@ -152,12 +174,13 @@ TEST(Attn2Sizing, WorkspaceBytes) {
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(0, 2, 4); }), "num_reqs must be in [1, 65535], got 0");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(-3, 2, 4); }), "num_reqs must be in [1, 65535], got -3");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(65536, 2, 4); }), "num_reqs must be in [1, 65535], got 65536");
-  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 0, 4); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 0");
-  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 3, 8); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 0, 4); }), "num_kv_heads must be in [1, 16], got 0");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 17, 8); }), "num_kv_heads must be in [1, 16], got 17");
+  EXPECT_EQ(md::attn2_workspace_bytes(1, 3, 8), 256 + 3 * 8 * 64 * 66 * 4);
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 2, 33); }), "num_splits must be in [1, 32], got 33");
   EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 2, 0); }), "num_splits must be in [1, 32], got 0");
   // Every argument is checked even where the answer is 0.
-  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 3, 1); }), "num_kv_heads must be one of 1, 2, 4, 8, 16, got 3");
+  EXPECT_EQ(error_of([] { md::attn2_workspace_bytes(1, 17, 1); }), "num_kv_heads must be in [1, 16], got 17");
 }
 
 TEST(Attn2Sizing, UnsupportedLayer) {
@@ -176,10 +199,12 @@ TEST(Attn2Sizing, UnsupportedLayer) {
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.head_dim = 128; }), "head_dim 128 (the kernel has 64)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 12; }),
             "12 query heads for 2 KV heads (the kernel has 8 per KV head)");
-  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 24, l.num_kv_heads = 3; }),
-            "3 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
+  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 24, l.num_kv_heads = 3; }), "(supported)");
+  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 40, l.num_kv_heads = 5; }), "(supported)");
+  EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 136, l.num_kv_heads = 17; }),
+            "17 KV heads per rank (the kernel serves 1 to 16)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.num_heads = 0, l.num_kv_heads = 0; }),
-            "0 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)");
+            "0 KV heads per rank (the kernel serves 1 to 16)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.scaling = 0.125; }),
             "softmax scale 0.125 (the kernel is built for 0.6841258107984375)");
   EXPECT_EQ(why([](md::Attn2Layer& l) { l.rms_norm_eps = 1e-6; }),
@@ -192,7 +217,7 @@ TEST(Attn2Sizing, UnsupportedLayer) {
 
 TEST(Attn2Check, GoodCallFillsTheParams) {
   Call c;
-  const md::Attn2Params p = md::check_attn2(c.a);
+  const md::attn2_impl::Params p = md::attn2_impl::params_of(c.a, md::kH200Attn2Residency);
   EXPECT_EQ(p.q, c.a.q.data);
   EXPECT_EQ(p.q_stride, 2304);
   EXPECT_EQ(p.gate_stride, 2304);
@@ -205,14 +230,20 @@ TEST(Attn2Check, GoodCallFillsTheParams) {
   EXPECT_EQ(p.cluster_size, 16);
   EXPECT_EQ(p.workspace, c.a.workspace.data);
   EXPECT_EQ(p.max_model_len, 131072);
+  // 7 x 16 x 2 = 224 CTAs: the H200's whole residency with clusters of 16.
+  EXPECT_TRUE(p.idle_last);
+  EXPECT_TRUE(p.resident);
+  EXPECT_EQ(p.window, 0);
 
   Call s(3, 16, 2048);  // one slice: no workspace needed
   s.a.workspace = TensorRef{};
-  const md::Attn2Params ps = md::check_attn2(s.a);
+  const md::attn2_impl::Params ps = md::attn2_impl::params_of(s.a, md::kH200Attn2Residency);
   EXPECT_EQ(ps.num_splits, 1);
   EXPECT_EQ(ps.cluster_size, 16);
   EXPECT_EQ(ps.workspace, nullptr);
   EXPECT_EQ(ps.num_reqs, 3);
+  EXPECT_FALSE(ps.idle_last);
+  EXPECT_FALSE(ps.resident);
 
   Call w(1, 2, 131072);  // a window: one slice
   w.a.window = 2048;
@@ -220,12 +251,34 @@ TEST(Attn2Check, GoodCallFillsTheParams) {
   EXPECT_EQ(w.check(), "(no error)");
 }
 
+// The fields a device decides, filled from the residency given: clusters of
+// 8 where the GPU cannot place 16; a grid that fills the GPU exactly has its
+// last cluster placed last (idle_last); one that fits merges without tickets.
+TEST(Attn2Check, ParamsFollowTheResidency) {
+  Call c;
+  const md::attn2_impl::Params no16 = md::attn2_impl::params_of(c.a, md::Attn2Residency{8, 240, 0});
+  EXPECT_EQ(no16.cluster_size, 8);
+  EXPECT_FALSE(no16.idle_last);  // 7 x 8 x 2 = 112 CTAs of 240
+  EXPECT_TRUE(no16.resident);
+  const md::attn2_impl::Params big = md::attn2_impl::params_of(c.a, md::Attn2Residency{16, 480, 448});
+  EXPECT_EQ(big.cluster_size, 16);
+  EXPECT_FALSE(big.idle_last);
+  EXPECT_TRUE(big.resident);
+  const md::attn2_impl::Params small = md::attn2_impl::params_of(c.a, md::Attn2Residency{16, 120, 112});
+  EXPECT_FALSE(small.idle_last);
+  EXPECT_FALSE(small.resident);  // two waves: tickets decide the merging slice
+  Call s(3, 16, 2048);  // one slice: clusters of 16 where placed, no split merge
+  s.a.workspace = TensorRef{};
+  EXPECT_EQ(md::attn2_impl::params_of(s.a, md::Attn2Residency{8, 240, 0}).cluster_size, 8);
+  EXPECT_EQ(md::attn2_impl::params_of(s.a, md::kH200Attn2Residency).cluster_size, 16);
+}
+
 TEST(Attn2Check, PdlIsTheDefault) {
   EXPECT_TRUE(md::Attn2Args{}.pdl);
   Call c;
-  EXPECT_TRUE(md::check_attn2(c.a).pdl);
+  EXPECT_TRUE(md::attn2_impl::params_of(c.a, md::kH200Attn2Residency).pdl);
   c.a.pdl = false;
-  EXPECT_FALSE(md::check_attn2(c.a).pdl);
+  EXPECT_FALSE(md::attn2_impl::params_of(c.a, md::kH200Attn2Residency).pdl);
 }
 
 TEST(Attn2Check, ScalarReasons) {
@@ -259,10 +312,10 @@ TEST(Attn2Check, CacheReasons) {
   EXPECT_EQ(c.check(), "kv_cache must be [pages, KVH, 16, 128], got [1000, 2, 16, 64]");
   c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 2, 32, 128});
   EXPECT_EQ(c.check(), "kv_cache must be [pages, KVH, 16, 128], got [1000, 2, 32, 128]");
-  c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 3, 16, 128});
-  EXPECT_EQ(c.check(), "kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 3");
+  c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 17, 16, 128});
+  EXPECT_EQ(c.check(), "kv_cache KV heads must be in [1, 16], got 17");
   c.a.kv_cache = md::make_tensor(addr(0x10000000), DType::kBFloat16, {1000, 32, 16, 128});
-  EXPECT_EQ(c.check(), "kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 32");
+  EXPECT_EQ(c.check(), "kv_cache KV heads must be in [1, 16], got 32");
   c = Call();
   c.a.kv_cache.stride[0] *= 2;
   EXPECT_EQ(c.check(), "kv_cache must be contiguous, got a strided tensor");

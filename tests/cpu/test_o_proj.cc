@@ -16,6 +16,7 @@
 #include "muse_decode/arch.h"
 #include "muse_decode/o_proj.h"
 #include "muse_decode/reference/o_proj.h"
+#include "o_proj/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -128,7 +129,7 @@ TEST(OProjChecks, ValidCalls) {
   EXPECT_EQ(c.why(false), std::nullopt);
   EXPECT_TRUE(md::o_proj_supports_call(c.args(false)));
   EXPECT_TRUE(md::o_proj_supports_call(c.args()));
-  const md::OProjParams p = md::check_o_proj(c.args());
+  const md::o_proj_impl::Params p = md::o_proj_impl::params_of(c.args());
   EXPECT_EQ(p.x, c.x.data);
   EXPECT_EQ(p.x_stride, 1024);
   EXPECT_EQ(p.weight, c.weight.data);
@@ -143,7 +144,7 @@ TEST(OProjChecks, ValidCalls) {
   one.out = md::make_tensor(addr(0x30000000), DType::kBFloat16, {1, 8192});
   one.out.stride[0] = 5;
   EXPECT_EQ(one.why(), std::nullopt);
-  const md::OProjParams p1 = md::check_o_proj(one.args());
+  const md::o_proj_impl::Params p1 = md::o_proj_impl::params_of(one.args());
   EXPECT_EQ(p1.x_stride, 1024);
   EXPECT_EQ(p1.out_stride, 8192);
   // Strided rows (column views), 64 tokens, every width.
@@ -156,7 +157,7 @@ TEST(OProjChecks, ValidCalls) {
     k.out = md::make_tensor(addr(0x50000000), DType::kBFloat16, {64, 8192});
     k.out.stride[0] = 8192 + 8;
     EXPECT_EQ(k.why(), std::nullopt) << kvh;
-    const md::OProjParams pk = md::check_o_proj(k.args());
+    const md::o_proj_impl::Params pk = md::o_proj_impl::params_of(k.args());
     EXPECT_EQ(pk.x_stride, 3 * K);
     EXPECT_EQ(pk.out_stride, 8192 + 8);
     EXPECT_EQ(pk.in_width, K);
@@ -256,9 +257,9 @@ TEST(OProjChecks, PdlIsTheDefault) {
   EXPECT_TRUE(md::OProjArgs{}.pdl);
   Call c;
   md::OProjArgs a = c.args();
-  EXPECT_TRUE(md::check_o_proj(a).pdl);
+  EXPECT_TRUE(md::o_proj_impl::params_of(a).pdl);
   a.pdl = false;
-  EXPECT_FALSE(md::check_o_proj(a).pdl);
+  EXPECT_FALSE(md::o_proj_impl::params_of(a).pdl);
 }
 
 // ---------------------------------------------------------------------------

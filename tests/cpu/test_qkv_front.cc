@@ -17,6 +17,7 @@
 #include "muse_decode/arch.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference/qkv_front.h"
+#include "qkv_front/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -249,7 +250,7 @@ TEST(QkvFrontChecks, ValidCalls) {
   EXPECT_TRUE(md::qkv_front_supports_call(c.args(false)));
   EXPECT_TRUE(md::qkv_front_supports_call(c.args()));
   // The params of the complete check.
-  const md::QkvFrontParams p = md::check_qkv_front(c.args());
+  const md::qkv_front_impl::Params p = md::qkv_front_impl::params_of(c.args());
   EXPECT_EQ(p.x, c.x.data);
   EXPECT_EQ(p.out, c.out.data);
   EXPECT_EQ(p.workspace, c.workspace.data);
@@ -261,7 +262,7 @@ TEST(QkvFrontChecks, ValidCalls) {
   // NoPE layer, one token (any row stride), 16 tokens, every KV-head count.
   c.cos_sin = TensorRef{};
   EXPECT_EQ(c.why(), std::nullopt);
-  EXPECT_EQ(md::check_qkv_front(c.args()).cos_sin, nullptr);
+  EXPECT_EQ(md::qkv_front_impl::params_of(c.args()).cos_sin, nullptr);
   Call one;
   one.x = md::make_tensor(addr(0x100000), DType::kBFloat16, {1, 8192});
   one.x.stride[0] = 3;  // ignored for one row
@@ -430,9 +431,9 @@ TEST(QkvFrontChecks, PdlIsTheDefault) {
   EXPECT_TRUE(md::QkvFrontArgs{}.pdl);
   Call c;
   md::QkvFrontArgs a = c.args();
-  EXPECT_TRUE(md::check_qkv_front(a).pdl);
+  EXPECT_TRUE(md::qkv_front_impl::params_of(a).pdl);
   a.pdl = false;
-  EXPECT_FALSE(md::check_qkv_front(a).pdl);
+  EXPECT_FALSE(md::qkv_front_impl::params_of(a).pdl);
 }
 
 // ---------------------------------------------------------------------------

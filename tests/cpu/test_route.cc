@@ -18,6 +18,7 @@
 #include "muse_decode/arch.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/route.h"
+#include "route/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -153,7 +154,7 @@ TEST(RouteChecks, GoodCallPasses) {
   c = Call{};
   c.logits.stride[0] = 260;  // a padded row stride, still 16-byte aligned
   c.route_scale = 2.5;
-  const md::RouteParams p = md::check_route(c.args());
+  const md::route_impl::Params p = md::route_impl::params_of(c.args());
   EXPECT_EQ(p.logits, c.logits.data);
   EXPECT_EQ(p.bias, c.bias.data);
   EXPECT_EQ(p.route_scale, 2.5f);
@@ -279,7 +280,7 @@ TEST(RouteChecks, PdlIsTheDefault) {
   Call c;
   md::RouteArgs a = c.args();
   a.pdl = false;
-  EXPECT_FALSE(md::check_route(a).pdl);
+  EXPECT_FALSE(md::route_impl::params_of(a).pdl);
 }
 
 TEST(RouteDevice, TheOpNeedsPrepareFirst) {

@@ -1,7 +1,8 @@
 // GPU tests of attn2 against the fp64 CPU reference from the same bf16 inputs:
 // relative RMS error <= 5e-3 per row and head, no NaN/Inf, on the split path
 // (max_model_len > 2048), the one-cluster path (<= 2048) and windows; 1 to 12
-// requests of mixed lengths; 1, 2, 4 and 16 KV heads; pages in shuffled
+// requests of mixed lengths; any KV-head count from 1 to 16 (3 and 5
+// included, on every path); pages in shuffled
 // order, NaN in unused pages and in the slots past each request's length,
 // out-of-range ids past each request's pages; graph capture then replay with
 // new lengths and block tables; bit-identical output over 10 runs; untouched
@@ -24,6 +25,7 @@
 #include "muse_decode/attn2.h"
 #include "muse_decode/constants.h"
 #include "muse_decode/reference/attn2.h"
+#include "attn2/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -425,6 +427,26 @@ TEST_F(Attn2Gpu, KvHeadsAndRequests) {
 // the harness race found since is its likely cause, this test checks the
 // kernel itself). Twice, to see that the second launch finds the workspace
 // ready and gives the same bits.
+// KV-head counts that are no TP share of 16 (3, 5) and all 16, on the split
+// path (its clusters of 8 and their slices fill the GPU's residency), the
+// one-cluster path and a window.
+TEST_F(Attn2Gpu, AnyKvHeadCount) {
+  for (int kvh : {3, 5, 16}) {
+    const struct {
+      int mml;
+      std::optional<int> window;
+      std::vector<int> lens;
+    } cases[] = {{32768, std::nullopt, {20001, 9}}, {2048, std::nullopt, {2048, 777}}, {131072, 2048, {40000}}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "KVH " << kvh << ", max_model_len " << c.mml);
+      Problem p(kvh, c.lens, c.mml, c.window, 900 + kvh + c.mml);
+      const double err = p.check(p.run());
+      std::printf("[ attn2    ] KVH %2d, max_model_len %6d%s (%2d slices): max rel RMS %.2e\n", kvh, c.mml,
+                  c.window ? ", window 2048" : "", p.splits, err);
+    }
+  }
+}
+
 TEST_F(Attn2Gpu, Tp1DeploymentShape) {
   Problem p(16, std::vector<int>(8, 4100), 131072, std::nullopt, 77);
   const auto first = p.run();
@@ -513,8 +535,8 @@ TEST_F(Attn2Gpu, ProgrammaticDependentLaunch) {
   s.check(s.run(/*pdl=*/true));
 }
 
-// The bound form (Attn2) and the unchecked launch of check_attn2's params
-// (with the cluster size the GPU places) write the bits the op writes.
+// The bound form (Attn2) and the unchecked launch of the params of the
+// device's residency write the bits the op writes.
 TEST_F(Attn2Gpu, BoundFormAndUncheckedLaunchMatchTheOp) {
   for (int mml : {131072, 2048}) {
     SCOPED_TRACE(::testing::Message() << "max_model_len " << mml);
@@ -527,10 +549,9 @@ TEST_F(Attn2Gpu, BoundFormAndUncheckedLaunchMatchTheOp) {
     bound(a.q, a.gate, a.block_table, a.seq_lens, a.out, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(p.d_out->download(), first) << "the bound form's bits differ";
-    md::Attn2Params prm = md::check_attn2(a);
-    if (prm.cluster_size == 16) prm.cluster_size = md::attn2_residency().short_cluster_size;
+    const md::attn2_impl::Params prm = md::attn2_impl::params_of(a, md::attn2_residency());
     p.poison();
-    CUDA_OK(static_cast<cudaError_t>(md::launch(prm, nullptr)));
+    CUDA_OK(static_cast<cudaError_t>(md::attn2_impl::launch(prm, nullptr)));
     CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(p.d_out->download(), first) << "the unchecked launch's bits differ";
     EXPECT_EQ(p.workspace_left_dirty(), 0);

@@ -19,6 +19,7 @@
 #include "gpu_util.h"
 #include "muse_decode/o_proj.h"
 #include "muse_decode/reference/o_proj.h"
+#include "o_proj/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -291,7 +292,7 @@ TEST(OProjGpu, BoundFormAndUncheckedLaunchMatchTheOp) {
   ASSERT_TRUE(l.out.download() == out0) << "the bound form's out differs";
 
   l.poison();
-  CUDA_OK(static_cast<cudaError_t>(md::launch(md::check_o_proj(a), st)));
+  CUDA_OK(static_cast<cudaError_t>(md::o_proj_impl::launch(md::o_proj_impl::params_of(a), st)));
   CUDA_OK(cudaStreamSynchronize(l.stream));
   ASSERT_TRUE(l.out.download() == out0) << "the unchecked launch's out differs";
 }

@@ -19,6 +19,7 @@
 #include "gpu_util.h"
 #include "muse_decode/qkv_front.h"
 #include "muse_decode/reference/qkv_front.h"
+#include "qkv_front/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -380,7 +381,7 @@ TEST(QkvFrontGpu, BoundFormAndUncheckedLaunchMatchTheOp) {
     ASSERT_TRUE(f.cache.download() == cache0) << "the bound form's cache differs";
 
     f.poison();
-    CUDA_OK(static_cast<cudaError_t>(md::launch(md::check_qkv_front(a), st)));
+    CUDA_OK(static_cast<cudaError_t>(md::qkv_front_impl::launch(md::qkv_front_impl::params_of(a), st)));
     CUDA_OK(cudaStreamSynchronize(f.stream));
     ASSERT_TRUE(f.out.download() == out0) << "the unchecked launch's out differs";
     ASSERT_TRUE(f.cache.download() == cache0) << "the unchecked launch's cache differs";

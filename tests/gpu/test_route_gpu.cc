@@ -12,6 +12,7 @@
 #include "gpu_util.h"
 #include "muse_decode/reference.h"
 #include "muse_decode/route.h"
+#include "route/params.h"
 
 namespace md = muse_decode;
 using md::DType;
@@ -196,7 +197,7 @@ TEST(RouteGpu, BadInputLaunchesNothing) {
 }
 
 // route() with the bias as an argument and the unchecked launch of
-// check_route's params write the bits the bound form writes.
+// The unchecked launch of a checked call's params writes the bits the bound form writes.
 TEST(RouteGpu, UnboundOpAndUncheckedLaunchMatchTheBoundForm) {
   SKIP_WITHOUT_GPU();
   Fixture f;
@@ -227,7 +228,7 @@ TEST(RouteGpu, UnboundOpAndUncheckedLaunchMatchTheBoundForm) {
   ASSERT_TRUE(outputs() == bound) << "route() differs from the bound form";
 
   poison();
-  CUDA_OK(static_cast<cudaError_t>(md::launch(md::check_route(a), nullptr)));
+  CUDA_OK(static_cast<cudaError_t>(md::route_impl::launch(md::route_impl::params_of(a), nullptr)));
   CUDA_OK(cudaDeviceSynchronize());
   ASSERT_TRUE(outputs() == bound) << "the unchecked launch differs from the bound form";
 }

@@ -17,6 +17,7 @@ import muse_decode as md
 INT32 = r"must fit in int32 \[-2147483648, 2147483647\], got "
 NOT_INT = "must be an integer, got "
 KV_HEADS = r"num_kv_heads must be one of 1, 2, 4, 8, 16, got "
+ATTN2_KV_HEADS = r"num_kv_heads must be in \[1, 16\], got "
 DEVICE = r"device must be -1 \(the current device\) or an ordinal >= 0, got "
 
 
@@ -36,11 +37,11 @@ def raises(call, message):
         ((7, 0, 2), "max_model_len must be at least 8, got 7"),
         ((32768, -1, 2), r"window must be 0 or in \[1, max_model_len\) \(see attn2_window\), got -1"),
         ((2048, 2048, 2), r"window must be 0 or in \[1, max_model_len\) \(see attn2_window\), got 2048"),
-        ((32768, 0, 3), KV_HEADS + "3"),
-        ((32768, 0, 0), KV_HEADS + "0"),
-        ((32768, 0, -2), KV_HEADS + "-2"),
-        ((32768, 0, 32), KV_HEADS + "32"),
-        ((2048, 0, 3), KV_HEADS + "3"),  # the one-slice path checks it too
+        ((32768, 0, 17), ATTN2_KV_HEADS + "17"),
+        ((32768, 0, 0), ATTN2_KV_HEADS + "0"),
+        ((32768, 0, -2), ATTN2_KV_HEADS + "-2"),
+        ((32768, 0, 32), ATTN2_KV_HEADS + "32"),
+        ((2048, 0, 17), ATTN2_KV_HEADS + "17"),  # the one-slice path checks it too
         ((2**31, 0, 2), "max_model_len " + INT32 + "2147483648"),
         ((32768, -(2**31) - 1, 2), "window " + INT32 + "-2147483649"),
         ((32768, 0, 2**64), "num_kv_heads " + INT32 + "18446744073709551616"),
@@ -75,9 +76,9 @@ def test_attn2_window(args, message):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((1, 3, 8), KV_HEADS + "3"),
-        ((1, 3, 1), KV_HEADS + "3"),  # checked even where the answer would be 0
-        ((1, 0, 8), KV_HEADS + "0"),
+        ((1, 17, 8), ATTN2_KV_HEADS + "17"),
+        ((1, 17, 1), ATTN2_KV_HEADS + "17"),  # checked even where the answer would be 0
+        ((1, 0, 8), ATTN2_KV_HEADS + "0"),
         ((0, 2, 4), r"num_reqs must be in \[1, 65535\], got 0"),
         ((-1, 2, 4), r"num_reqs must be in \[1, 65535\], got -1"),
         ((65536, 2, 4), r"num_reqs must be in \[1, 65535\], got 65536"),
@@ -335,8 +336,8 @@ def test_fold_router_output_multiplier(r, message):
 @pytest.mark.parametrize(
     "over, reason",
     [
-        (dict(num_kv_heads=3, num_heads=24), re.escape("3 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)")),
-        (dict(num_kv_heads=0, num_heads=0), re.escape("0 KV heads per rank (the kernel serves 1, 2, 4, 8 or 16)")),
+        (dict(num_kv_heads=17, num_heads=136), re.escape("17 KV heads per rank (the kernel serves 1 to 16)")),
+        (dict(num_kv_heads=0, num_heads=0), re.escape("0 KV heads per rank (the kernel serves 1 to 16)")),
         (dict(head_dim="64"), "layer.head_dim " + NOT_INT + "str"),
         (dict(num_heads=None), "layer.num_heads " + NOT_INT + "NoneType"),
         (dict(num_kv_heads=2**31), "layer.num_kv_heads " + INT32 + "2147483648"),
@@ -591,8 +592,8 @@ def test_qkv_front_refuses_kv_heads_it_does_not_serve():
 
 
 def test_attn2_refuses_a_cache_of_kv_heads_it_does_not_serve():
-    args = {**attn2_call(), "kv_cache": FakeTensor((64, 3, 16, 128), "bfloat16", ptr=0x20000000, device=UNPREPARED)}
-    message = "kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 3"
+    args = {**attn2_call(), "kv_cache": FakeTensor((64, 17, 16, 128), "bfloat16", ptr=0x20000000, device=UNPREPARED)}
+    message = "kv_cache KV heads must be in [1, 16], got 17"
     assert md.unsupported_attn2_call(**args) == message
     raises(lambda: md.attn2(**args), re.escape(message))
 
@@ -609,8 +610,8 @@ def test_attn2_refuses_a_cache_of_kv_heads_it_does_not_serve():
         (dict(window=None), "window " + NOT_INT + "NoneType"),
         (dict(num_splits=0), r"num_splits must be in \[1, 32\], got 0"),
         (dict(num_splits=33), r"num_splits must be in \[1, 32\], got 33"),
-        (dict(kv_cache=FakeTensor((64, 3, 16, 128), "bfloat16", ptr=0x20000000, device=UNPREPARED)),
-         r"kv_cache KV heads must be one of 1, 2, 4, 8, 16, got 3"),
+        (dict(kv_cache=FakeTensor((64, 17, 16, 128), "bfloat16", ptr=0x20000000, device=UNPREPARED)),
+         r"kv_cache KV heads must be in \[1, 16\], got 17"),
         (dict(kv_cache="cache"), r"kv_cache must be a tensor \(no shape\)"),
     ],
 )

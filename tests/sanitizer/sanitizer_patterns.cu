@@ -73,9 +73,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include "../../src/attn2/merge.cuh"
-#include "launch.cuh"
-#include "ptx.cuh"
+#include "attn2/merge.cuh"
+#include "common/launch.cuh"
+#include "common/ptx.cuh"
+#include "common/tensor_map.h"
 
 namespace ptx = muse_decode::ptx;
 namespace a2 = muse_decode::attn2_impl;
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) route_publish(uint32_t* out) {
 // ---- attn2's exchange ------------------------------------------------------------------
 enum Flags : int {
   kPreexit = 1, kTrailingBar = 2, kRing = 4, kPush = 8, kHalfTail = 16, kLeave = 32, kClusterMerge = 64, kEarlyArrive = 128,
-  kSecondHalfBar = 256, kHalfTailSecond = 512
+  kSecondHalfBar = 256, kHalfTailSecond = 512, kTailBarrier1 = 1024, kTailMbarrier = 2048, kExchangeBar3 = 4096
 };
 constexpr int kStages = 3, kStageBytes = 16384, kHalfBytes = kStageBytes / 2, kTiles = 4;
 constexpr int kRecvOffset = a2::kRecvOffset;                         // attn2: in warpgroup 0's last stage
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
   __shared__ uint64_t full[2 * kStages];
   __shared__ uint64_t empty[2 * kStages];
   __shared__ uint64_t recv;
+  __shared__ uint64_t tail_bar[2];  // (kTailMbarrier) per warpgroup: its 4 warps zeroed their rows
   const int kh = threadIdx.x / kHalf, rw = threadIdx.x / 32 % kRowWarps, lane = threadIdx.x % 32;
   const uint32_t rank = static_cast<uint32_t>(blockIdx.x) % kCluster;
   const uint32_t base = (ptx::smem_addr(smem) + 1023u) & ~1023u;
@@ -139,6 +141,8 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
       ptx::mbar_init(&empty[st], kRowWarps);
     }
     ptx::mbar_init(&recv, 1);
+    ptx::mbar_init(&tail_bar[0], kRowWarps);
+    ptx::mbar_init(&tail_bar[1], kRowWarps);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -170,10 +174,15 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
       if (it == kTiles - 1 && tail) {  // attn2's tile past L: V rows zeroed
         ptx::st_shared_v4(stage + kHalfBytes + (threadIdx.x % kHalf) * 16, 0, 0, 0, 0);
         ptx::fence_proxy_async_smem();
-        if (kh == 0)
+        if (kFlags & kTailMbarrier) {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&tail_bar[kh]);
+          ptx::mbar_wait_spin(&tail_bar[kh], 0);
+        } else if (kh == 0 || (kFlags & kTailBarrier1)) {
           asm volatile("bar.sync 1, 128;" ::: "memory");
-        else
+        } else {
           asm volatile("bar.sync 2, 128;" ::: "memory");
+        }
       }
       float v;
       asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(stage + (threadIdx.x % kHalf) * 4) : "memory");
@@ -203,7 +212,10 @@ __global__ void __launch_bounds__(kThreads, 2) exchange(const __grid_constant__ 
   st.l[1] = 2.0f;
   if ((kFlags & kSecondHalfBar) && kh == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
   if (kh == 1) a2::stash_second_half(st, xchg);
-  __syncthreads();  // attn2: the second half's state written
+  if (kFlags & kExchangeBar3)
+    asm volatile("bar.sync 3, 256;" ::: "memory");
+  else
+    __syncthreads();  // attn2: the second half's state written
   if (kFlags & kPreexit) ptx::griddep_launch_dependents();
   if (kh == 0) {
     a2::merge_second_half(st, xchg);
@@ -319,14 +331,8 @@ struct ExchangeBuffers {
         cudaMalloc(&src, rows * 64 * sizeof(uint16_t)) != cudaSuccess)
       return;
     cudaMemset(src, 0, rows * 64 * sizeof(uint16_t));
-    const auto encode = muse_decode::detail::encode_tiled_fn();
-    const cuuint64_t dims[2] = {64, rows};
-    const cuuint64_t strides[1] = {64 * sizeof(uint16_t)};
-    const cuuint32_t box[2] = {64, kBoxRows};
-    const cuuint32_t elem[2] = {1, 1};
-    ready = encode && encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, src, dims, strides, box, elem,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    ready = muse_decode::tma::encode(&map, muse_decode::tma::bf16_rows(src, static_cast<int64_t>(rows), 64, 64, kBoxRows,
+                                                                       muse_decode::tma::kPagePromotion));
     if (!ready) std::printf("tensor map refused\n");
   }
   ~ExchangeBuffers() {
@@ -369,6 +375,34 @@ int race() {
   good &= run_exchange<16, kRing | kHalfTailSecond | kClusterMerge>(map, out,
                                                                     "exchange<16, kRing | kHalfTailSecond | kClusterMerge>");
   std::printf("sanitizer_patterns race: %s\n", good ? "ran" : "FAILED");
+  return good ? 0 : 1;
+}
+
+// The exchange variants of `sanitizer_patterns variant K`, one launch each:
+// the two that draw racecheck's report and ways of writing the tail's
+// warpgroup barrier or the exchange's CTA barrier that might not.
+constexpr const char* variant_names[] = {
+    "exchange<16, kRing | kHalfTailSecond>",
+    "exchange<16, kRing | kHalfTailSecond | kTailBarrier1>",
+    "exchange<16, kRing | kHalfTailSecond | kTailMbarrier>",
+    "exchange<16, kRing | kHalfTailSecond | kExchangeBar3>",
+    "exchange<16, kRing | kTailMbarrier>",
+    "exchange<16, kRing | kHalfTailSecond | kTailMbarrier | kClusterMerge>",
+};
+int variant(int k) {
+  ExchangeBuffers b;
+  if (!b.ready) return 1;
+  const char* what = k >= 0 && k < 6 ? variant_names[k] : "";
+  bool good = false;
+  switch (k) {
+    case 0: good = run_exchange<16, kRing | kHalfTailSecond>(b.map, b.out, what); break;
+    case 1: good = run_exchange<16, kRing | kHalfTailSecond | kTailBarrier1>(b.map, b.out, what); break;
+    case 2: good = run_exchange<16, kRing | kHalfTailSecond | kTailMbarrier>(b.map, b.out, what); break;
+    case 3: good = run_exchange<16, kRing | kHalfTailSecond | kExchangeBar3>(b.map, b.out, what); break;
+    case 4: good = run_exchange<16, kRing | kTailMbarrier>(b.map, b.out, what); break;
+    case 5: good = run_exchange<16, kRing | kHalfTailSecond | kTailMbarrier | kClusterMerge>(b.map, b.out, what); break;
+    default: std::printf("variant: 0 .. 5, not %d\n", k); return 2;
+  }
   return good ? 0 : 1;
 }
 
@@ -428,8 +462,10 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "closed") == 0) return armed<true>();
   if (std::strcmp(mode, "unwaited") == 0) return split<false>(36);
   if (std::strcmp(mode, "rank0_exits") == 0) return split<true>(36, true);
+  if (std::strcmp(mode, "variant") == 0 && argc == 3) return variant(std::atoi(argv[2]));
   if (std::strcmp(mode, "waves") == 0 && argc == 5)
     return waves(std::atoi(argv[2]), std::atoi(argv[3]), std::strcmp(argv[4], "ring") == 0);
-  std::printf("usage: %s race | open | closed | unwaited | rank0_exits | waves CLUSTER CTAS plain|ring\n", argv[0]);
+  std::printf("usage: %s race | open | closed | unwaited | rank0_exits | variant K | waves CLUSTER CTAS plain|ring\n",
+              argv[0]);
   return 2;
 }
