@@ -14,9 +14,11 @@ would raise (``unsupported_route_call``, ``unsupported_attn2_call``,
 setup of a device, raising on failure (``prepare_route``, ``prepare_attn2``,
 ``prepare_qkv_front``, ``prepare_o_proj``); and a bound form over a layer's
 static tensors that prepares their device (``MuseRouting``, ``Attn2``,
-``QkvFront``, ``OProj``). The C++ library's unchecked
-launch of a params struct has no Python counterpart: Python passes tensors,
-and every call is checked. The seed's names stay as aliases, the same
+``QkvFront``, ``OProj``). Each op's wrapper lives in a private module named
+after it (``_route``, ``_attn2``, ``_qkv_front``, ``_o_proj``); the package
+namespace is the API. The C++ library's internal unchecked launch has no
+Python counterpart: Python passes tensors, and every call is checked. The
+seed's names stay as aliases, the same
 objects: ``launch_qkv_front`` is ``qkv_front``, ``supports_call`` is
 ``qkv_front_supports_call``, ``supports_shape`` is
 ``qkv_front_supports_shape``; all three are qkv_front's.
@@ -32,7 +34,7 @@ it; the contract is in docs/contract.md.
 
 from . import _C
 from ._C import unavailable
-from .attention import (
+from ._attn2 import (
     Attn2,
     attn2,
     attn2_splits,
@@ -52,8 +54,8 @@ from .constants import (
     ROUTING_MAX_TOKENS,
     TOP_K,
 )
-from .projection import OProj, o_proj, prepare_o_proj, unsupported_o_proj, unsupported_o_proj_call
-from .routing import (
+from ._o_proj import OProj, o_proj, prepare_o_proj, unsupported_o_proj, unsupported_o_proj_call
+from ._route import (
     MuseRouting,
     RoutingMetadata,
     fold_router_output_multiplier,
@@ -63,7 +65,7 @@ from .routing import (
     unsupported_route_call,
     unsupported_router,
 )
-from .front import (
+from ._qkv_front import (
     QkvFront,
     launch_qkv_front,
     prepare_qkv_front,

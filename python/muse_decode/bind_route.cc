@@ -17,7 +17,7 @@ namespace muse_decode::python {
 
 namespace {
 // The router's attributes, named as vLLM's router carries them (the caller,
-// muse_decode.routing, reads them off the router object in this order).
+// muse_decode._route, reads them off the router object in this order).
 RouterDesc router_desc(nb::handle normalization, nb::handle top_k, nb::handle num_experts, nb::handle multiplier,
                        nb::handle eps, nb::handle bias, nb::handle scale) {
   RouterDesc r;

@@ -18,12 +18,12 @@ import torch
 
 from . import stock
 from ._arguments import integer
-from .attention import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
+from ._attn2 import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
-from .front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
+from ._qkv_front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
 from .platform import supported_gpu
-from .projection import OProj, prepare_o_proj, unsupported_o_proj
-from .routing import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
+from ._o_proj import OProj, prepare_o_proj, unsupported_o_proj
+from ._route import MuseRouting, RoutingMetadata, fold_router_output_multiplier, metadata_size, unsupported_router
 
 ROPE_THETA = 500000.0
 SLIDING_WINDOW = 2048

@@ -28,7 +28,7 @@ def routing_metadata(ids, local_expert_offset: int, num_local_experts: int, tile
     [offset, offset + count) and tile_n, written into a copy of `buffer`
     (int32, the layout of muse_decode.RoutingMetadata) and returned; entries
     the kernel does not write keep the buffer's values."""
-    from .routing import RoutingMetadata
+    from ._route import RoutingMetadata
 
     off, n = integer(local_expert_offset, "local_expert_offset"), integer(num_local_experts, "num_local_experts")
     tile = integer(tile_n, "tile_n")

@@ -20,11 +20,11 @@ from typing import Optional
 
 import torch
 
-from .attention import attn2 as _attn2
-from .front import qkv_front as _qkv_front
-from .projection import o_proj as _o_proj
-from .routing import RoutingMetadata as _RoutingMetadata
-from .routing import route as _route
+from ._attn2 import attn2 as _attn2
+from ._qkv_front import qkv_front as _qkv_front
+from ._o_proj import o_proj as _o_proj
+from ._route import RoutingMetadata as _RoutingMetadata
+from ._route import route as _route
 
 
 @torch.library.custom_op("muse_decode::route", mutates_args=("ids", "weights", "metadata"))

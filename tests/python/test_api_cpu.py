@@ -64,18 +64,30 @@ def test_the_seed_names_say_they_are_qkv_fronts():
 def test_docstrings_say_the_thing_itself():
     """No docstring of the package cites a SPEC section (the SPEC is not part
     of the repository)."""
-    import muse_decode.attention
-    import muse_decode.constants
-    import muse_decode.front
-    import muse_decode.platform
-    import muse_decode.routing
+    import importlib
 
-    modules = [md, md.attention, md.constants, md.front, md.platform, md.routing]
+    modules = [md] + [importlib.import_module("muse_decode." + name) for name in
+                      ("_route", "_attn2", "_qkv_front", "_o_proj", "constants", "platform")]
     docs = [m.__doc__ for m in modules] + [getattr(md, name).__doc__ for name in md.__all__]
     docs += [f.__doc__ for f in [md.MuseRouting.__call__, md.Attn2.__call__, md.QkvFront.__call__,
                                  md.RoutingMetadata.fields]]
     for doc in filter(None, docs):
         assert "SPEC" not in doc, doc
+
+
+def test_each_op_has_a_module_named_after_it():
+    """The wrappers live in private modules named after the ops; the package
+    namespace is the API, and the seed's names are importable from it."""
+    import importlib
+
+    for op in ("route", "attn2", "qkv_front", "o_proj"):
+        module = importlib.import_module("muse_decode._" + op)
+        assert getattr(module, op) is getattr(md, op)
+    for name in ("MuseRouting", "RoutingMetadata", "metadata_size", "attn2", "prepare_attn2", "attn2_splits",
+                 "attn2_window", "attn2_workspace_bytes", "split_qkv", "supports_call", "launch_qkv_front",
+                 "unavailable", "unsupported_attn2", "unsupported_projection", "unsupported_router",
+                 "fold_router_output_multiplier"):
+        assert name in md.__all__ and hasattr(md, name), name
 
 
 def test_pdl_is_the_default_everywhere():
