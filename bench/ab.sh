@@ -8,7 +8,9 @@
 #   git archive <ref> --prefix=base/ | tar -x -C .ab     # here: the base tree (.ab is git-ignored)
 #   bench/ab.sh [OUT_DIR]                                  # there, with .ab carried
 #
-# ROUNDS (default 3), BASE (default .ab/base), ARCHS (default 90a).
+# ROUNDS (default 3), BASE (default .ab/base), ARCHS (default 90a), SHAPES
+# (default all; tp8: the TP8 deployments alone, which take 1 min a round
+# against 2.5 with TP1's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/ab_out}}
@@ -28,6 +30,11 @@ DEPLOYMENTS=(
   "--tp 8 --layer sliding --context 131072"
   "--tp 1 --layer full --context 32768 --requests 8"
 )
+case "${SHAPES:-all}" in
+  all) ;;
+  tp8) DEPLOYMENTS=("${DEPLOYMENTS[@]:0:5}") ;;
+  *) echo "bench/ab.sh: SHAPES must be all or tp8, got '$SHAPES'" >&2; exit 2 ;;
+esac
 
 build() {  # build <source> <dir>
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUSE_DECODE_CUDA_ARCHS="$ARCHS" \

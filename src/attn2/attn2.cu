@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   extern __shared__ __align__(128) uint8_t smem[];  // the stages; after the key loop the merge areas
   __shared__ uint64_t full_bar[kBarriers];
   __shared__ uint64_t empty_bar[kBarriers];
+  __shared__ uint64_t tail_bar[kKeyHalves];
   __shared__ float4 s_mls[kRows];             // per row: m (log2 domain), l, 2^e of its fp16 O
   __shared__ int s_bad;                       // a page id outside the cache: the rows come out NaN
   __shared__ uint64_t recv_bar;               // the cluster merge: every rank's rows of this CTA landed
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int rank = static_cast<int>(blockIdx.x) % kCluster;
   const int req = blockIdx.z;
   const int lane = threadIdx.x % 32, rw = threadIdx.x / 32 % kRowWarps, kh = threadIdx.x / 32 / kRowWarps;
-  const MainloopSetup setup{&kv_map, p, smem, full_bar, empty_bar, kWindow ? p.window : 0, req};
+  const MainloopSetup setup{&kv_map, p, smem, full_bar, empty_bar, tail_bar, kWindow ? p.window : 0, req};
   Mainloop loop(setup);
   if (threadIdx.x == 0) {
     Mainloop::init_barriers(setup);

@@ -45,8 +45,6 @@ static_assert(kHeadsPerKvHead == 8 && kVerifyLen == 8, "attn2 hard-wires 8 heads
 static_assert(kPageSize == 16, "a page is 16 keys: one n-tile pair of S per key position");
 static_assert(kHalfThreads == 128, "a half is one warpgroup of the wgmma path");
 
-// Named barriers (0 is __syncthreads): each half's 4 warps.
-enum class Barrier : int { kHalf0 = 1, kHalf1 = 2 };
 
 // log2(e) * softmax scale: scores live in the log2 domain, exp2 on the MUFU.
 // From the scale in double (head_dim^-0.5 * qk_scale_factor),

@@ -41,6 +41,7 @@ struct MainloopSetup {
   uint8_t* smem;              // the dynamic shared memory: the stages, then the Q tile
   uint64_t* full;             // [kBarriers]: a stage's copies landed
   uint64_t* empty;            // [kBarriers]: a stage's consumers are done with it
+  uint64_t* tail;             // [kKeyHalves]: (the TMA loop's) a half's warps zeroed a tile's V rows past L
   int window;                 // the launch's window (0 in kernels built without one)
   int req;                    // this CTA's request
 };
