@@ -10,7 +10,7 @@
 #
 # ROUNDS (default 3), BASE (default .ab/base), ARCHS (default 90a), SHAPES
 # (default all; tp8: the TP8 deployments alone, which take 1 min a round
-# against 2.5 with TP1's).
+# against 2.5 with TP1's; tp1: TP1's alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-${OUT:-/tmp/ab_out}}
@@ -33,7 +33,8 @@ DEPLOYMENTS=(
 case "${SHAPES:-all}" in
   all) ;;
   tp8) DEPLOYMENTS=("${DEPLOYMENTS[@]:0:5}") ;;
-  *) echo "bench/ab.sh: SHAPES must be all or tp8, got '$SHAPES'" >&2; exit 2 ;;
+  tp1) DEPLOYMENTS=("${DEPLOYMENTS[@]:5:1}") ;;
+  *) echo "bench/ab.sh: SHAPES must be all, tp8 or tp1, got '$SHAPES'" >&2; exit 2 ;;
 esac
 
 build() {  # build <source> <dir>
