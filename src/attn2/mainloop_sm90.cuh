@@ -129,8 +129,7 @@ struct MainloopSm90 {
   __device__ __forceinline__ int kv_head() const { return s.kv_head; }
 
   // (Lanes 0-3 of warp 0 of the warpgroup, without a window) the pages of
-  // warpgroup v's first tile, which do not depend on L (in the block table,
-  // maybe past L).
+  // warpgroup v's first tile, which do not depend on L (maybe past L).
   __device__ __forceinline__ int first_tile_ids(int v) const {
     int id = -1;
     if (rw == 0 && window == 0 && lane < kTilePages) {
@@ -296,11 +295,8 @@ struct MainloopSm90 {
            c += kHalfThreads)
         ptx::st_shared_v4(v_tile + c * 16, 0, 0, 0, 0);
       ptx::fence_proxy_async_smem();
-      // The warpgroup's 4 warps done zeroing, by an mbarrier of their
-      // arrivals rather than a named barrier: compute-sanitizer's racecheck
-      // loses the order of the key-half exchange after a named barrier that
-      // only the second warpgroup passed (docs/sanitizers.md), and this costs
-      // the same.
+      // The 4 warps meet at an mbarrier, not a named barrier, after which
+      // racecheck loses the key-half exchange's order (docs/sanitizers.md).
       __syncwarp();
       if (lane == 0) ptx::mbar_arrive(tail);
       ptx::mbar_wait_spin(tail, tail_phase);

@@ -59,6 +59,9 @@ inline MapDesc bf16_rows(const void* data, int64_t rows, int64_t cols, int64_t r
   return d;
 }
 
+// Whether the driver has the encoder (prepare_<op> refuses a device without it).
+inline bool encoder_available() { return detail::encode_tiled_fn() != nullptr; }
+
 // Encodes d into *map; false where the driver lacks the encoder or refuses d.
 inline bool encode(CUtensorMap* map, const MapDesc& d) {
   const auto encode_tiled = detail::encode_tiled_fn();

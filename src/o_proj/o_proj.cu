@@ -67,7 +67,7 @@ constexpr int kLongK = 2048;
 }  // namespace
 
 int set_kernel_attributes() {
-  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+  if (!tma::encoder_available()) return static_cast<int>(cudaErrorNotSupported);
   cudaError_t err = cudaSuccess;
   for (const cudaError_t e : {set_smem_limit<ShortNt1>(), set_smem_limit<ShortNt2>(), set_smem_limit<ShortNt4>(),
                               set_smem_limit<ShortNt8>(), set_smem_limit<LongNt1>(), set_smem_limit<LongNt2>(),

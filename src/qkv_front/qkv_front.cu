@@ -254,7 +254,7 @@ Path path_for(int num_kv_heads) {
 }  // namespace
 
 int set_kernel_attributes() {
-  if (!detail::encode_tiled_fn()) return static_cast<int>(cudaErrorNotSupported);
+  if (!tma::encoder_available()) return static_cast<int>(cudaErrorNotSupported);
   cudaError_t err = detail::set_smem_limit<qkv_front_streamk_kernel<1>>(StreamKLayout::kSmemBytes);
   if (err == cudaSuccess) err = detail::set_smem_limit<qkv_front_streamk_kernel<2>>(StreamKLayout::kSmemBytes);
   if (err == cudaSuccess) err = detail::set_smem_limit<qkv_front_cluster_kernel<1>>(ClusterLayout<1>::kSmemBytes);
