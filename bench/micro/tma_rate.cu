@@ -130,13 +130,9 @@ int main() {
   CUtensorMap map2, map1;
   const auto cache_map = [&](CUtensorMap* map, const cuuint64_t (&dims)[5], const cuuint64_t (&strides)[4],
                              const cuuint32_t (&box)[5]) {
-    muse_decode::tma::MapDesc d;
-    d.data = cache;
-    d.rank = 5;
-    d.promotion = muse_decode::tma::kPagePromotion;
-    for (int i = 0; i < 5; ++i) d.dims[i] = dims[i], d.box[i] = box[i];
-    for (int i = 0; i < 4; ++i) d.strides[i] = strides[i];
-    return muse_decode::tma::encode(map, d);
+    return muse_decode::tma::encode(map,
+                                    muse_decode::tma::bf16_tiled<5>(cache, dims, strides, box,
+                                                                    muse_decode::tma::kPagePromotion));
   };
   // (64 elements, K|V, key, KV head, page): 2 KB boxes
   if (!cache_map(&map2, {64, 2, 16, kKvh, static_cast<cuuint64_t>(big_pages)},

@@ -192,18 +192,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // first call.
 struct MapSite {};
 bool kv_map(CUtensorMap* map, const Params& p) {
-  tma::MapDesc d;
-  d.data = p.kv_cache;
-  d.rank = 5;
-  d.promotion = tma::kPagePromotion;
-  const cuuint64_t dims[5] = {kHeadDim, 2, kPageSize, static_cast<cuuint64_t>(p.num_kv_heads),
-                              static_cast<cuuint64_t>(p.num_pages)};
-  const cuuint64_t strides[4] = {kHeadDim * 2, kKeyBytes, kPageBytes,
-                                 static_cast<cuuint64_t>(p.num_kv_heads) * kPageBytes};
-  const cuuint32_t box[5] = {kHeadDim, 1, kPageSize, 1, 1};
-  for (int i = 0; i < 5; ++i) d.dims[i] = dims[i], d.box[i] = box[i];
-  for (int i = 0; i < 4; ++i) d.strides[i] = strides[i];
-  return tma::cached<MapSite, 6>(map, d);
+  const auto kvh = static_cast<cuuint64_t>(p.num_kv_heads);
+  return tma::cached<MapSite, 6>(
+      map, tma::bf16_tiled<5>(p.kv_cache, {kHeadDim, 2, kPageSize, kvh, static_cast<cuuint64_t>(p.num_pages)},
+                              {kHeadDim * 2, kKeyBytes, kPageBytes, kvh * kPageBytes}, {kHeadDim, 1, kPageSize, 1, 1},
+                              tma::kPagePromotion));
 }
 
 // The kernel instances, per cluster size: one slice without a window, one

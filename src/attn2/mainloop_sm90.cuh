@@ -75,8 +75,7 @@ struct MainloopSm90 {
   const CUtensorMap* map;
   const Params& p;
   const int32_t* bt;   // the request's block table
-  uint32_t base;       // both warpgroups' stages, aligned to the swizzle's atom
-  uint32_t q_tile;     // the Q tile after them
+  uint32_t q_tile;     // the Q tile after both warpgroups' stages
   int window, lane, rw, kh;
   Ring ring;           // this warpgroup's: stages kh kWgStages .., warpgroup 1's after warpgroup 0's
   uint64_t* tail;      // this warpgroup's: its 4 warps zeroed the V rows past L of a tile
@@ -89,6 +88,7 @@ struct MainloopSm90 {
   uint64_t policy = 0;
   bool bad = false;    // a page id outside the cache
 
+  // Both warpgroups' stages: the dynamic shared memory aligned to the swizzle's atom.
   __device__ __forceinline__ static uint32_t aligned_base(const uint8_t* smem) {
     constexpr uint32_t kAlign = swizzle::kAtomBytes;
     return (ptx::smem_addr(smem) + kAlign - 1) & ~(kAlign - 1);
@@ -102,13 +102,12 @@ struct MainloopSm90 {
       : map(su.kv_map),
         p(su.p),
         bt(su.p.block_table + static_cast<int64_t>(su.req) * su.p.block_table_stride),
-        base(aligned_base(su.smem)),
-        q_tile(base + 2 * kWgStages * kWgStageBytes),
+        q_tile(aligned_base(su.smem) + 2 * kWgStages * kWgStageBytes),
         window(su.window),
         lane(threadIdx.x % 32),
         rw(threadIdx.x / 32 % kRowWarps),
         kh(threadIdx.x / 32 / kRowWarps),
-        ring(ring_of(su, base, kh)),
+        ring(ring_of(su, aligned_base(su.smem), kh)),
         tail(su.tail + kh) {}
 
   // (Thread 0) both warpgroups' rings: a stage full after 1 arrival and its

@@ -42,21 +42,28 @@ struct MapDesc {
   bool operator==(const MapDesc& o) const { return std::memcmp(this, &o, sizeof *this) == 0; }
 };
 
+// A bf16 tensor of R dimensions (innermost first): its sizes, the strides in
+// bytes of dimensions 1 .. R - 1, and the box a copy reads.
+template <int R>
+MapDesc bf16_tiled(const void* data, const cuuint64_t (&dims)[R], const cuuint64_t (&strides)[R - 1],
+                   const cuuint32_t (&box)[R], CUtensorMapL2promotion promotion) {
+  static_assert(R >= 2 && R <= 5, "cuTensorMapEncodeTiled takes 1 to 5 dimensions; these maps 2 to 5");
+  MapDesc d;
+  d.data = data;
+  d.rank = R;
+  d.promotion = promotion;
+  for (int i = 0; i < R; ++i) d.dims[i] = dims[i], d.box[i] = box[i];
+  for (int i = 0; i < R - 1; ++i) d.strides[i] = strides[i];
+  return d;
+}
+
 // A bf16 row-major matrix [rows, cols] (row_stride elements between rows)
 // read in boxes of box_rows rows x 64 columns (128 bytes: the swizzle's
 // span); rows past `rows` read as zeros.
 inline MapDesc bf16_rows(const void* data, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
                          CUtensorMapL2promotion promotion = kStreamPromotion) {
-  MapDesc d;
-  d.data = data;
-  d.rank = 2;
-  d.promotion = promotion;
-  d.dims[0] = static_cast<cuuint64_t>(cols);
-  d.dims[1] = static_cast<cuuint64_t>(rows);
-  d.strides[0] = static_cast<cuuint64_t>(row_stride) * 2;
-  d.box[0] = 64;
-  d.box[1] = static_cast<cuuint32_t>(box_rows);
-  return d;
+  return bf16_tiled<2>(data, {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)},
+                       {static_cast<cuuint64_t>(row_stride) * 2}, {64, static_cast<cuuint32_t>(box_rows)}, promotion);
 }
 
 // Whether the driver has the encoder (prepare_<op> refuses a device without it).
