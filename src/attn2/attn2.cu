@@ -251,7 +251,7 @@ cudaError_t set_attributes() {
 template <int kCluster>
 int max_active_clusters() {
   const detail::LaunchShape shape{dim3(kCluster), dim3(kThreads), kDynSmemBytes, kCluster};
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[detail::kMaxLaunchAttributes];
   const cudaLaunchConfig_t config = detail::runtime_config(shape, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, attn2_kernel<kCluster, false, true>, &config) != cudaSuccess) {

@@ -56,15 +56,18 @@ void require_kv_heads(int64_t kvh, std::string_view name = "num_kv_heads") {
 
 // The deployment's scalars, each checked where it is taken: they size
 // everything else.
-namespace {
-void check_max_model_len(int max_model_len) {
+void attn2_impl::check_max_model_len(int max_model_len) {
   if (max_model_len < kVerifyLen) fail_expected("max_model_len", cat("at least ", kVerifyLen), max_model_len);
 }
 
-void check_window(int window, int max_model_len) {
+void attn2_impl::check_window(int window, int max_model_len) {
   if (window < 0 || (window != 0 && window >= max_model_len))
     fail_expected("window", "0 or in [1, max_model_len) (see attn2_window)", window);
 }
+
+namespace {
+using attn2_impl::check_max_model_len;
+using attn2_impl::check_window;
 
 void check_num_splits(int num_splits) {
   if (num_splits < 1 || num_splits > kAttn2MaxSplits)
@@ -189,6 +192,22 @@ bool given(const TensorRef& t) { return t.present() && t.data != nullptr; }
 
 namespace muse_decode::attn2_impl {
 
+void check_block_table(const TensorRef& bt, int reqs, int max_model_len, int device) {
+  using namespace detail;
+  require_present(bt, "block_table");
+  require_dtype(bt, "block_table", DType::kInt32);
+  require_cuda(bt, "block_table");
+  require_same_device(bt, "block_table", device);
+  const int64_t need_pages = (static_cast<int64_t>(max_model_len) + kPageSize - 1) / kPageSize;
+  if (bt.ndim != 2 || bt.shape[0] != reqs || bt.shape[1] < need_pages)
+    fail_expected("block_table", cat("[", reqs, ", >= ", need_pages, "] (R, ceil(max_model_len / 16))"),
+                  bt.shape_str());
+  if (bt.stride[1] != 1) fail_expected("block_table", "unit column stride", cat("stride ", bt.stride[1]));
+  if (reqs > 1 && bt.stride[0] < bt.shape[1])
+    fail_expected("block_table row stride", cat("at least ", bt.shape[1]), bt.stride[0]);
+  require_aligned(bt.data, "block_table", 4);
+}
+
 Params params_of(const Attn2Args& a, const Attn2Residency& residency) {
   using namespace detail;
   check_deployment(a.max_model_len, a.window, a.num_splits);
@@ -212,18 +231,7 @@ Params params_of(const Attn2Args& a, const Attn2Residency& residency) {
   const int64_t rows = static_cast<int64_t>(reqs) * kVerifyLen;
 
   const TensorRef& bt = a.block_table;
-  require_present(bt, "block_table");
-  require_dtype(bt, "block_table", DType::kInt32);
-  require_cuda(bt, "block_table");
-  require_same_device(bt, "block_table", device);
-  const int64_t need_pages = (static_cast<int64_t>(a.max_model_len) + kPageSize - 1) / kPageSize;
-  if (bt.ndim != 2 || bt.shape[0] != reqs || bt.shape[1] < need_pages)
-    fail_expected("block_table", cat("[", reqs, ", >= ", need_pages, "] (R, ceil(max_model_len / 16))"),
-                  bt.shape_str());
-  if (bt.stride[1] != 1) fail_expected("block_table", "unit column stride", cat("stride ", bt.stride[1]));
-  if (reqs > 1 && bt.stride[0] < bt.shape[1])
-    fail_expected("block_table row stride", cat("at least ", bt.shape[1]), bt.stride[0]);
-  require_aligned(bt.data, "block_table", 4);
+  check_block_table(bt, reqs, a.max_model_len, device);
 
   const std::pair<const TensorRef*, const char*> views[] = {{&a.q, "q"}, {&a.gate, "gate"}, {&a.out, "out"}};
   for (const auto& [t, name] : views) {

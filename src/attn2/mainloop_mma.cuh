@@ -19,6 +19,7 @@
 #include "../common/ptx.cuh"
 #include "../common/swizzle.cuh"
 #include "config.cuh"
+#include "group_step.cuh"
 #include "mainloop.cuh"
 #include "page_ids.cuh"
 #include "params.h"
@@ -167,59 +168,7 @@ struct MainloopMma {
       // below row 7's window need masks (and, past L, zeroed V).
       const bool masked = key0 + kGroupKeys - 1 > len - kVerifyLen || (window > 0 && key0 < len - window);
 
-      // S = Q K^T: n-tile t is key kh * kKeyTiles + t of the 8 pages; column n = page slot.
-      // k-step outer: one Q fragment (4 registers) live at a time.
-      float s[kKeyTiles][4];
-#pragma unroll
-      for (int t = 0; t < kKeyTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        uint32_t qf[4];
-        ptx::ldmatrix_x4(qf, q_addr + ks * 32);
-        // Matrices: (key 2tp, dims 16ks..), (key 2tp, dims 16ks + 8..), then key 2tp + 1.
-        const uint32_t krow = slot + (lane / 16) * kKeyBytes + (2 * ks + (lane / 8) % 2) * 16;
-#pragma unroll
-        for (int tp = 0; tp < kKeyTiles / 2; ++tp) {
-          uint32_t b[4];
-          ptx::ldmatrix_x4(b, krow + (kh * kKeyTiles + 2 * tp) * kKeyBytes);
-          ptx::mma_m16n8k16_bf16(s[2 * tp], qf, b[0], b[1]);
-          ptx::mma_m16n8k16_bf16(s[2 * tp + 1], qf, b[2], b[3]);
-        }
-      }
-      if (masked)
-        mask_tile(s, [&](int t, int e) { return key0 + (slot_lo + (e & 1)) * kPageSize + kh * kKeyTiles + t; }, pos,
-                  window);
-      float alpha[2];
-      online_softmax(s, st.m, st.l, alpha);
-      rescale(st.o, alpha);
-      // O += P V: k-step kk covers keys 2kk (k 0..7 = slots) and 2kk + 1 (k 8..15).
-#pragma unroll
-      for (int lk = 0; lk < kKeyTiles / 2; ++lk) {
-        const int kk = kh * (kKeyTiles / 2) + lk;
-        const uint32_t a[4] = {ptx::pack_bf16(s[2 * lk][0], s[2 * lk][1]), ptx::pack_bf16(s[2 * lk][2], s[2 * lk][3]),
-                               ptx::pack_bf16(s[2 * lk + 1][0], s[2 * lk + 1][1]),
-                               ptx::pack_bf16(s[2 * lk + 1][2], s[2 * lk + 1][3])};
-        // Matrices: (key 2kk, dims 8c..), (key 2kk + 1, dims 8c..), then dims 8c + 8.
-        const uint32_t vrow = slot + (2 * kk + (lane / 8) % 2) * kKeyBytes + kHeadDim * 2 + (lane / 16) * 16;
-#pragma unroll
-        for (int cp = 0; cp < 4; ++cp) {
-          uint32_t v[4];
-          ptx::ldmatrix_x4_trans(v, vrow + cp * 32);
-          if (masked) {
-            // Keys past L may hold anything (NaN): P is 0 there, but 0 * NaN is not.
-            // This lane holds slots slot_lo (low half) and slot_lo + 1 (high half).
-            const int j_lo = key0 + slot_lo * kPageSize + 2 * kk;
-            const uint32_t keep0 = (j_lo < len ? 0x0000FFFFu : 0u) | (j_lo + kPageSize < len ? 0xFFFF0000u : 0u);
-            const uint32_t keep1 = (j_lo + 1 < len ? 0x0000FFFFu : 0u) | (j_lo + 1 + kPageSize < len ? 0xFFFF0000u : 0u);
-            v[0] &= keep0;
-            v[2] &= keep0;
-            v[1] &= keep1;
-            v[3] &= keep1;
-          }
-          ptx::mma_m16n8k16_bf16(st.o[2 * cp], a, v[0], v[1]);
-          ptx::mma_m16n8k16_bf16(st.o[2 * cp + 1], a, v[2], v[3]);
-        }
-      }
+      group_step(st, q_addr, slot, key0, masked, len, pos, slot_lo, window, kh, lane);
       __syncwarp();
       if (lane == 0) ring.release(at);
       if (warp == 0 && it + kStages < g.my_groups) {

@@ -52,6 +52,15 @@ struct Params {
 // and needs no GPU.
 Params params_of(const Attn2Args& args, const Attn2Residency& residency);
 
+// The checks of the deployment's scalars and of the block table
+// (std::invalid_argument naming the argument), which attention_block shares:
+// max_model_len >= 8; window 0 or in [1, max_model_len); block_table int32
+// [num_reqs, >= ceil(max_model_len / 16)] on CUDA device `device`, unit
+// column stride, rows apart by at least their width, 4-byte aligned.
+void check_max_model_len(int max_model_len);
+void check_window(int window, int max_model_len);
+void check_block_table(const TensorRef& block_table, int num_reqs, int max_model_len, int device);
+
 // Enqueues the kernel instance for p's cluster size, slices and window; no
 // argument checks. Returns the CUDA error as int.
 int launch(const Params& p, Stream stream);

@@ -130,6 +130,14 @@ inline void require_rows16(const TensorRef& t, std::string_view name, int64_t wi
   require_aligned(t.data, name, 16);
 }
 
+// A 1-D tensor of `length` elements, contiguous; `what` says what the length
+// counts ("one per token of x").
+inline void require_contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
+  if (t.ndim != 1 || t.shape[0] != length || (length > 1 && t.stride[0] != 1))
+    fail_expected(name, cat("a contiguous [", length, "] (", what, ")"),
+                  cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));
+}
+
 // Byte ranges [data, data + span) of two tensors overlap.
 inline bool overlaps(const TensorRef& a, const TensorRef& b) {
   const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);

@@ -27,7 +27,11 @@ struct LaunchShape {
   unsigned smem_bytes = 0;
   int cluster = 0;  // CTAs per cluster along x; 0: no cluster attribute
   bool pdl = false;
+  bool cooperative = false;  // every CTA resident at once (the launch fails where they do not fit)
 };
+
+// The most attributes a LaunchShape asks for.
+inline constexpr int kMaxLaunchAttributes = 3;
 
 // A driver API function through the runtime's entry-point query (no link to
 // libcuda); nullptr where the driver lacks it.
@@ -76,12 +80,13 @@ static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute) &&
               "runtime and driver launch attributes share a layout");
 static_assert(static_cast<int>(cudaLaunchAttributeClusterDimension) ==
                       static_cast<int>(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) &&
+                  static_cast<int>(cudaLaunchAttributeCooperative) == static_cast<int>(CU_LAUNCH_ATTRIBUTE_COOPERATIVE) &&
                   static_cast<int>(cudaLaunchAttributeProgrammaticStreamSerialization) ==
                       static_cast<int>(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION),
               "runtime and driver launch attributes share their ids");
 
-// The cluster and PDL attributes of `s` into attr[0..2); returns how many.
-inline unsigned launch_attributes(const LaunchShape& s, cudaLaunchAttribute (&attr)[2]) {
+// The cluster, PDL and cooperative attributes of `s` into attr; returns how many.
+inline unsigned launch_attributes(const LaunchShape& s, cudaLaunchAttribute (&attr)[kMaxLaunchAttributes]) {
   unsigned n = 0;
   if (s.cluster > 0) {
     attr[n].id = cudaLaunchAttributeClusterDimension;
@@ -95,13 +100,18 @@ inline unsigned launch_attributes(const LaunchShape& s, cudaLaunchAttribute (&at
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
+  if (s.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
   return n;
 }
 
 // The runtime's launch configuration of `s` on `stream`, its attributes in
 // `attr` (which must outlive the configuration): for cudaLaunchKernelEx and
 // the occupancy queries (cudaOccupancyMaxActiveClusters).
-inline cudaLaunchConfig_t runtime_config(const LaunchShape& s, cudaLaunchAttribute (&attr)[2],
+inline cudaLaunchConfig_t runtime_config(const LaunchShape& s, cudaLaunchAttribute (&attr)[kMaxLaunchAttributes],
                                          cudaStream_t stream = nullptr) {
   cudaLaunchConfig_t config = {};
   config.gridDim = s.grid;
@@ -123,7 +133,7 @@ cudaError_t set_smem_limit(int bytes) {
 // Launches Kernel(args...) on `stream`; returns the CUDA error as int.
 template <auto Kernel, typename... Args>
 int launch_kernel(const LaunchShape& s, cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[kMaxLaunchAttributes];
   const unsigned n = launch_attributes(s, attr);
   const auto launch = driver_launch_fn();
   const cudaKernel_t k = kernel_handle<Kernel>();

@@ -160,6 +160,22 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Orders global memory this thread has seen written through the generic
+// proxy (by other CTAs, acquired) before its later async-proxy reads of it
+// (TMA and bulk copies).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// ---- counters in global memory between the CTAs of one grid -----------------
+__device__ __forceinline__ void red_release_gpu_add(uint32_t* at, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* at) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
 
 // ---- shared memory, ldmatrix and mma.sync ----------------------------------
 

@@ -30,19 +30,25 @@ detail::PerDevice<OProjDevice> g_prepared;
 
 constexpr const char* kWidths = "one of 512, 1024, 2048, 4096, 8192 (8 * num_kv_heads * 64)";
 
+}  // namespace
+
 // The layer's weight (what OProj binds), for input width k (k < 0: any
-// supported width), on `device` (< 0: the weight decides it).
-void check_weight(const TensorRef& w, int64_t k, int device) {
-  require_tensor(w, "weight", DType::kBFloat16, device);
+// supported width) on `device` (< 0: the weight decides it); attention_block
+// checks its own with it (params.h).
+void o_proj_impl::check_weight(const TensorRef& w, std::string_view name, int64_t k, std::string_view k_source,
+                               int device) {
+  require_tensor(w, name, DType::kBFloat16, device);
   if (k >= 0) {
     if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || w.shape[1] != k)
-      fail_expected("weight", cat("[", kOProjOutWidth, ", ", k, "] (x's width)"), w.shape_str());
+      fail_expected(name, cat("[", kOProjOutWidth, ", ", k, "] ", k_source), w.shape_str());
   } else if (w.ndim != 2 || w.shape[0] != kOProjOutWidth || !o_proj_supports_in_width(w.shape[1])) {
-    fail_expected("weight", cat("[", kOProjOutWidth, ", K] with K ", kWidths), w.shape_str());
+    fail_expected(name, cat("[", kOProjOutWidth, ", K] with K ", kWidths), w.shape_str());
   }
-  require_contiguous(w, "weight");
-  detail::require_aligned(w.data, "weight", 16);
+  require_contiguous(w, name);
+  detail::require_aligned(w.data, name, 16);
 }
+
+namespace {
 
 // Every check of a call, in the order of the arguments; out only where given
 // unless `complete` (check_o_proj).
@@ -55,7 +61,7 @@ o_proj_impl::Params check_call(const OProjArgs& a, bool complete) {
     fail_expected("x", cat("[T, K] with 1 <= T <= ", kOProjMaxTokens, " and K ", kWidths), x.shape_str());
   const int64_t T = x.shape[0], K = x.shape[1];
   require_rows16(x, "x", K);
-  check_weight(a.weight, K, dev);
+  o_proj_impl::check_weight(a.weight, "weight", K, "(x's width)", dev);
 
   const TensorRef& out = a.out;
   const bool with_out = complete || out.present();
@@ -145,7 +151,7 @@ void o_proj(const OProjArgs& args, Stream stream) {
 // ---------------------------------------------------------------------------
 // The bound form: the weight is checked here, once, and decides the device.
 OProj::OProj(const TensorRef& weight) : weight_(weight) {
-  check_weight(weight, -1, -1);
+  o_proj_impl::check_weight(weight, "weight", -1, "", -1);
   prepare_o_proj(weight.device);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "muse_decode/tensor.h"
 
@@ -31,6 +32,12 @@ struct Params {
 // naming it), and returns the kernel's parameters; launches nothing and
 // needs no GPU.
 Params params_of(const OProjArgs& args);
+
+// The check of the weight (std::invalid_argument naming it `name`), which
+// attention_block shares: bf16 [8192, k] contiguous and 16-byte aligned, on
+// CUDA device `device` (< 0: the weight decides it); k_source says where k
+// comes from in the text ("(x's width)"); k < 0: any supported width.
+void check_weight(const TensorRef& weight, std::string_view name, int64_t k, std::string_view k_source, int device);
 
 // Enqueues the kernel the dispatch table picks for p; no argument checks.
 // Returns the CUDA error as int.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "muse_decode/constants.h"
 #include "muse_decode/tensor.h"
@@ -54,6 +55,16 @@ struct Params {
 // (the grid that of the device's multiprocessor count, 1 where there is
 // none). Launches nothing and needs no GPU.
 Params params_of(const QkvFrontArgs& args);
+
+// The checks of the front's tensors (std::invalid_argument naming the
+// argument), on CUDA device `device` (< 0: the tensor decides it), which
+// attention_block shares: the weight bf16 [qkv_width(num_kv_heads), 8192]
+// contiguous and 16-byte aligned, named `name`; cos_sin fp32 [max_pos, 64]
+// contiguous and 16-byte aligned, or absent; the cache bf16
+// [pages, num_kv_heads, 16, 128] contiguous and 16-byte aligned.
+void check_weight(const TensorRef& weight, std::string_view name, int num_kv_heads, int device);
+void check_cos_sin(const TensorRef& cos_sin, int device);
+void check_cache(const TensorRef& kv_cache, int num_kv_heads, int device);
 
 // Enqueues the kernel the dispatch table picks for p; no argument checks.
 // Returns the CUDA error as int.

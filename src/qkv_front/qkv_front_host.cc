@@ -17,6 +17,7 @@ using detail::expected_text;
 using detail::fail;
 using detail::fail_expected;
 using detail::require_contiguous;
+using detail::require_contiguous_1d;
 using detail::require_kv_heads;
 using detail::require_rows16;
 using detail::require_tensor;
@@ -39,27 +40,24 @@ int sms_of(int device) {
   return sm_count(device);
 }
 
-void require_contiguous_1d(const TensorRef& t, std::string_view name, int64_t length, const char* what) {
-  if (t.ndim != 1 || t.shape[0] != length || (length > 1 && t.stride[0] != 1))
-    fail_expected(name, cat("a contiguous [", length, "] (", what, ")"),
-                  cat(t.shape_str(), t.ndim == 1 && t.shape[0] == length ? " strided" : ""));
-}
-
 int num_tiles(int kvh) { return qkv_width(kvh) / kFrontTileRows; }
 
 int64_t counter_bytes(int kvh) { return (static_cast<int64_t>(num_tiles(kvh)) * 4 + 255) / 256 * 256; }
 
-// The layer's tensors (what QkvFront binds), on `device`.
-void check_weight(const TensorRef& weight, int kvh, int device) {
+}  // namespace
+
+// The layer's tensors (what QkvFront binds), on `device`; attention_block
+// checks its own with them (params.h).
+void qkv_front_impl::check_weight(const TensorRef& weight, std::string_view name, int kvh, int device) {
   const int64_t n = qkv_width(kvh);
-  require_tensor(weight, "weight", DType::kBFloat16, device);
+  require_tensor(weight, name, DType::kBFloat16, device);
   if (weight.ndim != 2 || weight.shape[0] != n || weight.shape[1] != kHiddenSize)
-    fail_expected("weight", cat("[", n, ", ", kHiddenSize, "] for ", kvh, " KV heads"), weight.shape_str());
-  require_contiguous(weight, "weight");
-  detail::require_aligned(weight.data, "weight", 16);
+    fail_expected(name, cat("[", n, ", ", kHiddenSize, "] for ", kvh, " KV heads"), weight.shape_str());
+  require_contiguous(weight, name);
+  detail::require_aligned(weight.data, name, 16);
 }
 
-void check_cos_sin(const TensorRef& cos_sin, int device) {
+void qkv_front_impl::check_cos_sin(const TensorRef& cos_sin, int device) {
   if (!cos_sin.present()) return;  // a layer without RoPE
   require_tensor(cos_sin, "cos_sin", DType::kFloat32, device);
   if (cos_sin.ndim != 2 || cos_sin.shape[0] < 1 || cos_sin.shape[1] != kHeadDim)
@@ -68,7 +66,7 @@ void check_cos_sin(const TensorRef& cos_sin, int device) {
   detail::require_aligned(cos_sin.data, "cos_sin", 16);
 }
 
-void check_cache(const TensorRef& kv_cache, int kvh, int device) {
+void qkv_front_impl::check_cache(const TensorRef& kv_cache, int kvh, int device) {
   require_tensor(kv_cache, "kv_cache", DType::kBFloat16, device);
   if (kv_cache.ndim != 4 || kv_cache.shape[0] < 1 || kv_cache.shape[1] != kvh || kv_cache.shape[2] != kPageSize ||
       kv_cache.shape[3] != kCacheRowWidth)
@@ -78,6 +76,12 @@ void check_cache(const TensorRef& kv_cache, int kvh, int device) {
   require_contiguous(kv_cache, "kv_cache");
   detail::require_aligned(kv_cache.data, "kv_cache", 16);
 }
+
+namespace {
+
+using qkv_front_impl::check_cache;
+using qkv_front_impl::check_cos_sin;
+using qkv_front_impl::check_weight;
 
 // The workspace of a launch on `device` (any dtype: it is bytes).
 void check_workspace(const TensorRef& ws, int kvh, int device) {
@@ -109,7 +113,7 @@ qkv_front_impl::Params check_call(const QkvFrontArgs& a, bool complete) {
   const int kvh = a.num_kv_heads;
   require_kv_heads(kvh);
   const int64_t N = qkv_width(kvh);
-  check_weight(a.weight, kvh, dev);
+  check_weight(a.weight, "weight", kvh, dev);
 
   require_tensor(a.positions, "positions", DType::kInt64, dev);
   require_contiguous_1d(a.positions, "positions", T, "one per token of x");
@@ -299,10 +303,10 @@ QkvFront::QkvFront(const TensorRef& weight, const TensorRef& cos_sin, const Tens
     : weight_(weight), cos_sin_(cos_sin), kv_cache_(kv_cache), workspace_(workspace), num_kv_heads_(num_kv_heads) {
   using detail::require_disjoint;
   require_kv_heads(num_kv_heads);
-  check_weight(weight, num_kv_heads, -1);
+  qkv_front_impl::check_weight(weight, "weight", num_kv_heads, -1);
   const int dev = weight.device;
-  check_cos_sin(cos_sin, dev);
-  check_cache(kv_cache, num_kv_heads, dev);
+  qkv_front_impl::check_cos_sin(cos_sin, dev);
+  qkv_front_impl::check_cache(kv_cache, num_kv_heads, dev);
   check_workspace(workspace, num_kv_heads, dev);
   require_disjoint(kv_cache, "kv_cache", weight, "weight");
   require_disjoint(kv_cache, "kv_cache", cos_sin, "cos_sin");

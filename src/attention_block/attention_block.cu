@@ -1,0 +1,190 @@
+// attention_block's kernel: one layer's qkv_front, attn2 and o_proj in one
+// cooperative launch of one CTA per SM (docs/contract.md), composed of its
+// phases:
+//   config.cuh       threads, the shared-memory plan, the counters
+//   front.cuh        qkv_front's stream-K loop over fixed shares
+//   attention.cuh    attn2's key loop over fixed slices, the slices' merge
+//   projection.cuh   o_proj's columns from a weight held in shared memory
+// and the host side of the launch: the tensor maps, the attributes and the
+// co-residency check.
+//
+// What streams when (TP8, one request): the front's 37.7 MB weight through a
+// ring of 20 stages; as a CTA's front ends, o_proj's 127 KB share of its
+// weight and the slice's first groups of older keys, so both stream under the
+// front's tail and the wait for the heads; the remaining keys after the
+// heads; then only x (o_proj's input) after the merge.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../common/launch.cuh"
+#include "../common/ptx.cuh"
+#include "../common/tensor_map.h"
+#include "attention.cuh"
+#include "config.cuh"
+#include "front.cuh"
+#include "params.h"
+#include "projection.cuh"
+
+namespace muse_decode::attention_block_impl {
+
+namespace {
+
+struct Maps {
+  CUtensorMap qkv_w, x8, x16, o_w, o_x;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __grid_constant__ Maps maps, const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + swizzle::kAtomBytes - 1) &
+                                             ~uintptr_t{swizzle::kAtomBytes - 1});
+  __shared__ uint64_t front_bars[2 * kFrontStages + 1];
+  __shared__ uint64_t key_bars[2 * kKeyStages];
+  __shared__ uint64_t w_bars[2 * kWStages];
+  __shared__ uint64_t x_bars[2];
+  __shared__ int s_last, s_bad;
+  __shared__ float4 s_states[kThreads];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* ws = static_cast<uint8_t*>(p.workspace);
+  uint32_t* counters = reinterpret_cast<uint32_t*>(ws + p.ws.counters);
+  const uint32_t base = ptx::smem_addr(smem);
+  const FrontRing front_ring{base, front_bars, front_bars + kFrontStages};
+  const KeyRing key_ring{base + kKeyRingOffset, key_bars, key_bars + kKeyStages};
+  const WRing w_ring{base, w_bars, w_bars + kWStages};
+  const XRing x_ring{base + kXOffset, x_bars, x_bars + 1};
+  if (threadIdx.x == 0) {
+    front_ring.init(kMmaWarps);
+    ptx::mbar_init(&front_bars[2 * kFrontStages], 1);
+    key_ring.init(kWarps);
+    w_ring.init(kMmaWarps);
+    x_ring.init(kMmaWarps);
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  // ---- the front ----
+  if (warp == kCopyWarp) {
+    if (lane == 0) produce_front(front_ring, {&maps.qkv_w, &maps.x8, &maps.x16}, p);
+  } else if (warp < kMmaWarps) {
+    const qkv_front_impl::EpilogueSmem epi{reinterpret_cast<float*>(smem + kEpiYOffset),
+                                           reinterpret_cast<float*>(smem + kEpiRopeOffset),
+                                           reinterpret_cast<int64_t*>(smem + kEpiSlotOffset),
+                                           &front_bars[2 * kFrontStages]};
+    pipeline::Position<kFrontStages> at;
+    uint8_t* front_ws = ws + p.ws.front;
+    void* qkv = ws + p.ws.qkv;
+    for (int g = 0; g < num_groups(p); ++g, front_ws += p.ws.front_group_bytes) {
+      if (group_tokens(p, g) <= 8)
+        consume_front_group<1>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane);
+      else
+        consume_front_group<2>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane);
+    }
+  }
+  __syncthreads();  // the front's ring and epilogue area are free
+
+  // o_proj's weight, the first fills of its ring: it depends on nothing.
+  const int w_total = w_fills(p);
+  const int w_early = w_total < kWStages ? w_total : kWStages;
+  if (threadIdx.x == kCopyWarp * 32) {
+    ptx::fence_proxy_async_smem();
+    ptx::prefetch_tensor_map(&maps.o_w);
+    produce_weight(w_ring, &maps.o_w, p, 0, w_early);
+  }
+
+  // ---- the attention: every share's slice, then every share's rows ----
+  int key_fills = 0;
+  for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
+    const SliceOf s = SliceOf::of(p, share);
+    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane);
+  }
+  for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
+    const SliceOf s = SliceOf::of(p, share);
+    if (s.valid) merge_rows(p, s, s_states, counters, warp, lane);
+  }
+  __syncthreads();  // the key stages are free for x
+
+  // ---- o_proj ----
+  if (warp == kCopyWarp) {
+    if (lane == 0) {
+      ptx::fence_proxy_async_smem();
+      ptx::prefetch_tensor_map(&maps.o_x);
+      // x per (share, group), and the weight's later fills (TP4, or several
+      // groups or shares) as the ring frees.
+      int x_fill = 0, w_next = w_early;
+      const int per_group = w_blocks(p);
+      for (int share = blockIdx.x; share < kOutTiles; share += gridDim.x)
+        for (int g = 0; g < num_groups(p); ++g) {
+          produce_x(x_ring, base + kXOffset, &maps.o_x, p, counters, g, x_fill++);
+          const int upto = w_next + per_group < w_total ? w_next + per_group : w_total;
+          produce_weight(w_ring, &maps.o_w, p, w_next, upto);
+          w_next = upto;
+        }
+    }
+  } else if (warp < kMmaWarps) {
+    pipeline::Position<kWStages> w_at;
+    int x_fill = 0;
+    for (int share = blockIdx.x; share < kOutTiles; share += gridDim.x)
+      for (int g = 0; g < num_groups(p); ++g, ++x_fill) {
+        if (group_tokens(p, g) <= 8)
+          project_group<1>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane);
+        else
+          project_group<2>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane);
+      }
+  }
+
+  // ---- the last CTA out leaves every counter at zero for the next launch ----
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t before = atomicAdd(counters + Counters::kExit, 1u);
+    if (before == gridDim.x - 1) {
+      __threadfence();
+      for (int i = 0; i < Counters::kEnd; ++i) counters[i] = 0u;
+      __threadfence();
+    }
+  }
+}
+
+// The tensor maps of a launch, from this thread's table (src/common/tensor_map.h).
+struct MapSite {};
+bool make_maps(const Params& p, Maps* m) {
+  const int T = p.num_reqs * kVerifyLen;
+  const int n = 2 * (kHeadsPerKvHead + 1) * p.num_kv_heads * kHeadDim;
+  const int k = kHeadsPerKvHead * p.num_kv_heads * kHeadDim;
+  const void* attn_out = static_cast<const uint8_t*>(p.workspace) + p.ws.attn_out;
+  return tma::cached<MapSite, 8>(&m->qkv_w, tma::bf16_rows(p.qkv_weight, n, kHiddenSize, kHiddenSize, 64)) &&
+         tma::cached<MapSite, 8>(&m->x8, tma::bf16_rows(p.x, T, kHiddenSize, p.x_stride, 8)) &&
+         tma::cached<MapSite, 8>(&m->x16, tma::bf16_rows(p.x, T, kHiddenSize, p.x_stride, kTokenGroup)) &&
+         tma::cached<MapSite, 8>(&m->o_w, tma::bf16_rows(p.o_weight, kHiddenSize, k, k, kOutTileCols)) &&
+         tma::cached<MapSite, 8>(&m->o_x, tma::bf16_rows(attn_out, T, k, k, kTokenGroup));
+}
+
+}  // namespace
+
+int launch(const Params& p, Stream stream) {
+  if (p.grid < 1 || p.grid > kShares || p.workspace == nullptr) return cudaErrorInvalidValue;
+  Maps maps;
+  if (!make_maps(p, &maps)) return cudaErrorInvalidValue;
+  detail::LaunchShape shape{dim3(p.grid), dim3(kThreads), static_cast<unsigned>(kSmemBytes), 0, false};
+  shape.cooperative = true;
+  return detail::launch_kernel<attention_block_kernel>(shape, reinterpret_cast<cudaStream_t>(stream), maps, p);
+}
+
+int set_kernel_attributes(int* grid) {
+  *grid = 0;
+  if (!tma::encoder_available()) return static_cast<int>(cudaErrorNotSupported);
+  cudaError_t err = detail::set_smem_limit<attention_block_kernel>(kSmemBytes);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  int device = 0, sms = 0, per_sm = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_block_kernel, kThreads, kSmemBytes);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  *grid = per_sm >= 1 ? (sms < kShares ? sms : kShares) : 0;
+  return 0;
+}
+
+}  // namespace muse_decode::attention_block_impl
