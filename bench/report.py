@@ -97,7 +97,11 @@ def compact_rows(results):
     doc = load(results, "block")
     if doc:
         for r in doc["rows"]:
-            rows.append(["block (chained)", r["shape"], fmt(r["us_per_call"]), fmt(r["floor_us"]),
+            op = "attention_block" if r.get("op") == "attention_block" else "block (chained)"
+            if "us_per_call" not in r:  # attention_block where it did not run: its reason
+                rows.append([op, r["shape"], "not run: " + r.get("skipped", "?"), "-", "-", "-", "-", "-", "-"])
+                continue
+            rows.append([op, r["shape"], fmt(r["us_per_call"]), fmt(r["floor_us"]),
                          pct(r["floor_us"], r["us_per_call"]), fmt(r.get("bar_us"), 1), r.get("anchor", "-"),
                          fmt(r.get("anchor_us")),
                          f"{r['anchor_us'] / r['us_per_call']:.2f}x" if r.get("anchor_us") else "-"])
@@ -130,9 +134,14 @@ def tool_section(doc):
              f"{doc['requests']} request(s), {doc['layer']} layer, {doc['device']}, {doc.get('date', 'undated')}"]
     rows = []
     for r in doc.get("gpu", []):
+        if "us_per_call" not in r:  # a row the tool did not run: its reason
+            rows.append([r["op"], r["check"], "not run: " + r.get("skipped", r.get("detail", "?"))] + ["-"] * 6)
+            continue
+        x_floor = r.get("x_floor", r["us_per_call"] / r["floor_us"] if r["floor_us"] else None)
         rows.append([r["op"], r["check"], fmt(r["us_per_call"]), fmt(r["gb_per_s"], 0), fmt(r["pct_of_copy_bw"], 1),
-                     fmt(r["floor_us"]), fmt(r["unfused_us"]), f"{r['speedup']:.1f}x"])
-    lines.append(table(["op", "check", "us per call", "GB/s", "% copy BW", "floor us", "unfused us", "speed-up"], rows))
+                     fmt(r["floor_us"]), fmt(x_floor), fmt(r["unfused_us"]), f"{r['speedup']:.1f}x"])
+    lines.append(table(["op", "check", "us per call", "GB/s", "% copy BW", "floor us", "x floor", "unfused us",
+                        "speed-up"], rows))
     return "\n\n".join(lines)
 
 
@@ -168,12 +177,18 @@ def attn2_section(doc):
                      "stock PyTorch", "FlashInfer (attention only)", "x FlashInfer"], rows))
 
 
+def all_keys(rows):
+    """Every key of the rows, in the order they first appear (rows of two
+    kinds in one file, as the block's chain and attention_block, differ)."""
+    return list(dict.fromkeys(k for r in rows for k in r))
+
+
 def generic_section(doc):
     """Any other benchmark's rows as they are (o_proj, the block, host time)."""
     rows = doc["rows"]
     if not rows:
         return None
-    keys = list(rows[0])
+    keys = all_keys(rows)
     return (f"### {doc['benchmark']}, {doc.get('date', 'undated')}\n\n"
             + table(keys, [[fmt(r.get(k)) for k in keys] for r in rows]))
 

@@ -19,7 +19,7 @@ def main():
         rows = doc["rows"]
         if not rows:
             continue
-        keys = list(rows[0].keys())
+        keys = report.all_keys(rows)  # the block's file holds rows of two kinds
         widths = [max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys]
         print("  ".join(k.rjust(w) for k, w in zip(keys, widths)))
         for r in rows:

@@ -6,7 +6,8 @@
 # docs/results.md from this run's results (bench/report.py --write).
 #
 #   scripts/gpu_check.sh            # everything
-#   ONLY=route scripts/gpu_check.sh # one op's tests and benchmarks
+#   ONLY=route scripts/gpu_check.sh # one op's tests and benchmarks (ONLY=attention_block: its
+#                                   # tests and bench_block.py, the chain's rows and its)
 #   ARCHS="90a;100a" ...            # also compile sm_100a (default: 90a only, to save time)
 #   BENCH=0 scripts/gpu_check.sh    # the tests only
 #   TESTS=0 scripts/gpu_check.sh    # the benchmarks only
@@ -107,9 +108,11 @@ fi
 
 step "benchmarks"
 mkdir -p bench/results
+bench_only=$ONLY
+[ "$ONLY" = attention_block ] && bench_only=block  # bench_block.py times the chain and attention_block
 for py in bench/bench_*.py; do
   op=$(basename "$py" .py); op=${op#bench_}
-  [ -n "$ONLY" ] && [ "$op" != "$ONLY" ] && continue
+  [ -n "$ONLY" ] && [ "$op" != "$bench_only" ] && continue
   MUSE_DECODE_TOOL="$BUILD/muse-decode" $PY "$py" || status=1
 done
 for exe in "$BUILD"/bench_*; do

@@ -108,6 +108,62 @@ inline double o_proj_error(const uint16_t* x, int tokens, int in_width, const ui
   return worst_group_error(hidden, y.data(), tokens, kOProjOutWidth, kOProjOutWidth, kOProjOutWidth);
 }
 
+// How far an attention_block call's results are from its reference: the
+// worst relative RMS error per row of out (its 8192 columns), and per token,
+// KV head and half (k or v, 64 values) of the cache rows the call inserted.
+struct BlockError {
+  double out = 0;
+  double cache = 0;
+};
+
+// attention_block's out (rows out_stride apart) of the requests `reqs`, and
+// the cache rows of their tokens (`cache`: the whole cache after the call),
+// against the reference (reference::attention_block_exact: the three ops'
+// references chained, qkv_front's and attn2's rows rounded to bf16 as the ops
+// store them, o_proj's sums in double), one request at a time on a copy of
+// that cache, into which the reference inserts its own k and v; in.kv_cache
+// is not read. The block sums in its own order, so its k and v may differ
+// from the reference's in the last place: the cache rows are measured as a
+// head is, not bit for bit.
+inline BlockError attention_block_error(reference::AttentionBlockInputs in, const std::vector<int>& reqs,
+                                        const uint16_t* out, int64_t out_stride, const uint16_t* cache) {
+  const int kvh = in.num_kv_heads;
+  const QkvColumns col = qkv_front_columns(kvh);
+  std::vector<uint16_t> ref_cache(cache, cache + in.num_pages * kvh * kPageSize * kCacheRowWidth);
+  std::vector<uint16_t> qkv(size_t(kVerifyLen) * col.width);
+  std::vector<double> want(size_t(kVerifyLen) * kOProjOutWidth), kv_want(kHeadDim);
+  BlockError err;
+  for (const int r : reqs) {
+    const int t0 = r * kVerifyLen;
+    reference::AttentionBlockInputs one = in;  // request r alone: its rows, its table row, its length
+    one.x = in.x + t0 * in.x_stride;
+    one.num_reqs = 1;
+    one.positions = in.positions + t0;
+    one.slot_mapping = in.slot_mapping + t0;
+    one.kv_cache = ref_cache.data();
+    one.block_table = in.block_table + r * in.block_table_stride;
+    one.seq_lens = in.seq_lens + r;
+    reference::AttentionBlockSteps steps;
+    steps.qkv = qkv.data();
+    reference::attention_block_exact(one, want.data(), steps);
+    err.out = std::max(err.out, worst_group_error(out + t0 * out_stride, want.data(), kVerifyLen, kOProjOutWidth,
+                                                  out_stride, kOProjOutWidth));
+    for (int t = 0; t < kVerifyLen; ++t) {
+      const int64_t slot = one.slot_mapping[t];
+      if (slot < 0 || slot >= in.num_pages * kPageSize) continue;
+      for (int kv = 0; kv < kvh; ++kv)
+        for (int half = 0; half < 2; ++half) {
+          const int64_t from = t * col.width + (half ? col.v : col.k) + kv * kHeadDim;
+          for (int d = 0; d < kHeadDim; ++d) kv_want[d] = reference::bf16_bits_to_float(qkv[from + d]);
+          const int64_t row = ((slot / kPageSize * kvh + kv) * kPageSize + slot % kPageSize) * kCacheRowWidth;
+          err.cache = std::max(err.cache, worst_group_error(cache + row + half * kHeadDim, kv_want.data(), 1,
+                                                            kHeadDim, kHeadDim));
+        }
+    }
+  }
+  return err;
+}
+
 // One route call's ids, weights and metadata against the reference. The
 // host's expf and CUDA's may differ in the last bit, so an id may differ
 // where two keys tie to within that (`ids_differ` counts them all,

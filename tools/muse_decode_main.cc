@@ -1,9 +1,10 @@
 // muse-decode: the main job. Runs the Muse Spark verify step's fused kernels
-// (qkv_front, attn2, o_proj, route) on this GPU for a chosen deployment, over several
-// layers' worth of random weights and caches; checks every op against the CPU
-// reference and prints a table of time, bandwidth and the unfused path timed
-// in the same run. Without a supported GPU it runs and checks the CPU
-// reference path on a small shape and says why the GPU part did not run.
+// (qkv_front, attn2, o_proj, route, and attention_block where it serves) on
+// this GPU for a chosen deployment, over several layers' worth of random
+// weights and caches; checks every op against the CPU reference and prints a
+// table of time, bandwidth and the unfused path timed in the same run.
+// Without a supported GPU it runs and checks the CPU reference path on a
+// small shape and says why the GPU part did not run.
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -37,8 +38,11 @@ before each replay (each op launched with programmatic dependent launch, as
 the Python package launches it), beside the unfused path (cuBLAS GEMMs plus
 plain kernels) of the same inputs. The "block" row is the attention block as
 a step pays it: qkv_front, attn2 and o_proj chained in one graph, each
-iteration on another layer; "ops alone" adds the ops' own rows. Without an SM90/SM100 GPU it checks the CPU reference path on a small
-shape and says why the GPU part did not run. Exit status 0 when every check
+iteration on another layer; the "attention_block" row the same step in one
+launch per layer (checked against the chain's CPU reference), or the reason
+it does not serve the deployment; "ops alone" adds the ops' own rows.
+Without an SM90/SM100 GPU it checks the CPU reference path on a small shape
+and says why the GPU part did not run. Exit status 0 when every check
 passes.
 
 options (a value follows its option, --tp 4, or joins it after '=', --tp=4):
@@ -55,7 +59,7 @@ options (a value follows its option, --tp 4, or joins it after '=', --tp=4):
   --tile-n N      GEMM tile of the routing metadata: 8, 16, 32, 64, 128 or 256
                   (default 128)
   --calls N       calls per CUDA graph for qkv_front, attn2, o_proj and the
-                  block, 1..1024
+                  block's two rows, 1..1024
                   (default: the number of layers, at least 40)
   --replays N     timed replays, the median is reported, 5..101 (default 7)
   --cpu           run only the CPU reference path
@@ -191,24 +195,40 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+// A row's check: pass, FAIL, or skip (not run, and not a failure: an op
+// whose check refuses the deployment).
+const char* check_word(const OpResult& r) {
+  if (!r.pass) return "FAIL";
+  return r.skipped.empty() ? "pass" : "skip";
+}
+
+// The two rows of the attention block (the three ops chained, and
+// attention_block's one launch) time the ops of their own rows again.
+bool is_block(const OpResult& r) { return r.op == "block" || r.op == "attention_block"; }
+
 void print_rows(const char* title, const std::vector<OpResult>& rows, bool timed) {
   std::printf("%s\n", title);
   if (timed) {
-    std::printf("  %-10s %-5s %10s %9s %8s %10s %12s %9s\n", "op", "check", "us/call", "GB/s", "% copy", "floor us",
-                "unfused us", "speed-up");
+    std::printf("  %-15s %-5s %10s %9s %8s %10s %8s %12s %9s\n", "op", "check", "us/call", "GB/s", "% copy",
+                "floor us", "x floor", "unfused us", "speed-up");
     double sum = 0, sum_unfused = 0;
     for (const auto& r : rows) {
-      std::printf("  %-10s %-5s %10.2f %9.0f %8.1f %10.2f %12.2f %8.1fx\n", r.op.c_str(), r.pass ? "pass" : "FAIL", r.us,
-                  r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.floor_us, r.unfused_us, r.unfused_us / r.us);
-      if (r.op == "block") continue;  // the block's ops are rows of their own
+      if (!r.skipped.empty()) {  // the reason in place of the numbers
+        std::printf("  %-15s %-5s not run: %s\n", r.op.c_str(), check_word(r), r.skipped.c_str());
+        continue;
+      }
+      std::printf("  %-15s %-5s %10.2f %9.0f %8.1f %10.2f %7.2fx %12.2f %8.1fx\n", r.op.c_str(), check_word(r), r.us,
+                  r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.floor_us, r.us / r.floor_us, r.unfused_us,
+                  r.unfused_us / r.us);
+      if (is_block(r)) continue;
       sum += r.us;
       sum_unfused += r.unfused_us;
     }
     // The ops each alone, added: what the step costs without the block's overlap.
-    std::printf("  %-10s %-5s %10.2f %9s %8s %10s %12.2f %8.1fx\n", "ops alone", "", sum, "", "", "", sum_unfused,
-                sum_unfused / sum);
+    std::printf("  %-15s %-5s %10.2f %9s %8s %10s %8s %12.2f %8.1fx\n", "ops alone", "", sum, "", "", "", "",
+                sum_unfused, sum_unfused / sum);
   }
-  for (const auto& r : rows) std::printf("  %s %s: %s\n", r.op.c_str(), r.pass ? "pass" : "FAIL", r.detail.c_str());
+  for (const auto& r : rows) std::printf("  %s %s: %s\n", r.op.c_str(), check_word(r), r.detail.c_str());
 }
 
 }  // namespace
@@ -244,14 +264,20 @@ int main(int argc, char** argv) {
     std::printf(" \"cpu\": [");
     for (size_t i = 0; i < cpu.size(); ++i)
       std::printf("%s{\"op\": \"%s\", \"check\": \"%s\", \"detail\": \"%s\"}", i ? ", " : "", cpu[i].op.c_str(),
-                  cpu[i].pass ? "pass" : "FAIL", json_escape(cpu[i].detail).c_str());
+                  check_word(cpu[i]), json_escape(cpu[i].detail).c_str());
     std::printf("],\n \"gpu\": [");
     for (size_t i = 0; i < gpu_rows.size(); ++i) {
       const auto& r = gpu_rows[i];
-      std::printf("%s{\"op\": \"%s\", \"check\": \"%s\", \"detail\": \"%s\", \"us_per_call\": %.3f, \"gb_per_s\": %.1f, "
-                  "\"pct_of_copy_bw\": %.1f, \"floor_us\": %.3f, \"unfused_us\": %.3f, \"speedup\": %.2f}",
-                  i ? ", " : "", r.op.c_str(), r.pass ? "pass" : "FAIL", json_escape(r.detail).c_str(), r.us,
-                  r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.floor_us, r.unfused_us, r.unfused_us / r.us);
+      std::printf("%s{\"op\": \"%s\", \"check\": \"%s\", \"detail\": \"%s\"", i ? ", " : "", r.op.c_str(),
+                  check_word(r), json_escape(r.detail).c_str());
+      if (!r.skipped.empty()) {  // no numbers: the reason
+        std::printf(", \"skipped\": \"%s\"}", json_escape(r.skipped).c_str());
+        continue;
+      }
+      std::printf(", \"us_per_call\": %.3f, \"gb_per_s\": %.1f, \"pct_of_copy_bw\": %.1f, \"floor_us\": %.3f, "
+                  "\"x_floor\": %.3f, \"unfused_us\": %.3f, \"speedup\": %.2f}",
+                  r.us, r.bytes / r.us * 1e-3, 100.0 * r.floor_us / r.us, r.floor_us, r.us / r.floor_us, r.unfused_us,
+                  r.unfused_us / r.us);
     }
     std::printf("],\n \"gpu_skipped\": \"%s\"}\n", gpu ? json_escape(gpu_error).c_str() : json_escape(why).c_str());
     return pass ? 0 : 1;

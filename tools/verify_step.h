@@ -28,6 +28,8 @@ struct OpResult {
   double bytes = 0;         // that must move per call
   double floor_us = 0;      // bytes / 4.2 TB/s
   double unfused_us = 0;    // cuBLAS + plain kernels, same inputs, same run
+  std::string skipped;      // why the row did not run (empty: it ran); pass says whether that is a failure
+                            // (an op whose check refuses the deployment is not)
 };
 
 // Runs the step on the current GPU (throws std::runtime_error on CUDA errors).

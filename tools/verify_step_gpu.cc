@@ -2,8 +2,11 @@
 // layer, over several layers' worth of random weights and caches, each op
 // checked against the CPU reference on the first layer and timed (CUDA-graph
 // replay, L2 flushed before each replay) beside the unfused path of the same
-// inputs. run_gpu is the sequence of steps below: the shape, the layers, each
-// op's check, each op's timing, the attention block's, the floors.
+// inputs; then the attention block twice, as the three ops chained and as
+// attention_block's one launch (checked against the chain's CPU reference),
+// or, where attention_block does not serve the deployment, its reason.
+// run_gpu is the sequence of steps below: the shape, the layers, each op's
+// check, each op's timing, the block's, the floors.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -19,6 +23,7 @@
 #include "device.h"
 #include "graph_timing.h"
 #include "muse_decode/arch.h"
+#include "muse_decode/attention_block.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/o_proj.h"
 #include "muse_decode/qkv_front.h"
@@ -39,7 +44,8 @@ void note(const Deployment& d, const char* what) {
   if (d.progress) std::fprintf(stderr, "muse-decode: %s\n", what);
 }
 
-// The rows of run_gpu's results, in this order; the block's comes last.
+// The rows of run_gpu's results, in this order; then the block's: the three
+// ops chained ("block"), and attention_block.
 enum Row { kFront, kAttn, kOProj, kRoute };
 
 // ---- the shape ---------------------------------------------------------------------
@@ -54,7 +60,18 @@ struct Shape {
   double weight_bytes, o_weight_bytes, cache_bytes;  // one layer's
   int layers;             // caches (and at least as many weight copies)
   int w_copies, wo_copies;
+  int64_t block_ws_bytes; // attention_block's workspace; 0 where it does not serve the deployment
 };
+
+// attention_block's workspace at this deployment, or 0 where its sizing
+// refuses it (the reason is then unsupported_attention_block_call's).
+int64_t block_workspace_bytes(const Shape& s) {
+  try {
+    return attention_block_workspace_bytes(s.R, s.kvh, s.L, s.window);
+  } catch (const std::invalid_argument&) {
+    return 0;
+  }
+}
 
 Shape shape_of(const Deployment& d) {
   Shape s;
@@ -82,6 +99,7 @@ Shape shape_of(const Deployment& d) {
   // i % wo_copies and cache i % layers.
   s.w_copies = std::max(s.layers, int(std::ceil(3 * 60e6 / s.weight_bytes)));
   s.wo_copies = std::max(s.layers, int(std::ceil(3 * 60e6 / s.o_weight_bytes)));
+  s.block_ws_bytes = block_workspace_bytes(s);
   return s;
 }
 
@@ -108,7 +126,10 @@ struct Layers {
         front_ws_bytes(size_t(qkv_front_workspace_bytes_for_device(s.kvh))),
         attn_ws_bytes(size_t(std::max<int64_t>(attn2_workspace_bytes(s.R, s.kvh, s.splits), 16))),
         front_ws(front_ws_bytes),
-        attn_ws(attn_ws_bytes) {}
+        attn_ws(attn_ws_bytes),
+        block_out(size_t(s.T) * kHiddenSize),
+        block_ws_bytes(size_t(std::max<int64_t>(s.block_ws_bytes, 16))),
+        block_ws(block_ws_bytes) {}
 
   Device<uint16_t> x, w, out, attn, cache, wo, hidden;
   Device<float> cos_sin, scratch;  // scratch: the unfused attention's fp32 rows
@@ -117,6 +138,9 @@ struct Layers {
   size_t layer_cache;  // elements of one layer's cache
   size_t front_ws_bytes, attn_ws_bytes;
   Device<uint8_t> front_ws, attn_ws;
+  Device<uint16_t> block_out;  // attention_block's out [T, 8192]
+  size_t block_ws_bytes;
+  Device<uint8_t> block_ws;
   std::vector<float> h_cos_sin;
   std::vector<int32_t> h_table, h_lens;
   std::vector<int64_t> h_pos, h_slots;
@@ -151,6 +175,7 @@ void fill_layers(Layers& b, const Shape& s, std::mt19937& rng) {
   b.slots.upload(b.h_slots);
   cuda_ok(cudaMemset(b.front_ws.ptr, 0, b.front_ws_bytes), "memset");
   cuda_ok(cudaMemset(b.attn_ws.ptr, 0, b.attn_ws_bytes), "memset");
+  cuda_ok(cudaMemset(b.block_ws.ptr, 0, b.block_ws_bytes), "memset");
   cuda_ok(cudaDeviceSynchronize(), "memset");  // the legacy stream's memsets before the tool's stream
 }
 
@@ -166,7 +191,7 @@ struct FusedOps {
       const int tn = std::min(kFrontMaxTokens, s.T - t0);
       QkvFrontArgs a;
       a.x = make_tensor(b.x.ptr + size_t(t0) * kHiddenSize, DType::kBFloat16, {tn, kHiddenSize});
-      a.weight = make_tensor(b.w.ptr + size_t(l % s.w_copies) * s.n * kHiddenSize, DType::kBFloat16, {s.n, kHiddenSize});
+      a.weight = qkv_weight(l);
       a.positions = make_tensor(b.positions.ptr + t0, DType::kInt64, {tn});
       if (s.rope) a.cos_sin = make_tensor(b.cos_sin.ptr, DType::kFloat32, {s.L, 64});
       a.slot_mapping = make_tensor(b.slots.ptr + t0, DType::kInt64, {tn});
@@ -200,11 +225,57 @@ struct FusedOps {
   void o_proj(int l, bool pdl = true) const {  // attn2's rows through this layer's output projection
     OProjArgs a;
     a.x = make_tensor(b.attn.ptr, DType::kBFloat16, {s.T, s.k_in});
-    a.weight = make_tensor(b.wo.ptr + size_t(l % s.wo_copies) * kHiddenSize * s.k_in, DType::kBFloat16,
-                           {kHiddenSize, s.k_in});
+    a.weight = o_weight(l);
     a.out = make_tensor(b.hidden.ptr, DType::kBFloat16, {s.T, kHiddenSize});
     a.pdl = pdl;
     muse_decode::o_proj(a, reinterpret_cast<Stream>(stream));
+  }
+  // attention_block of call l: qkv_front, attn2 and o_proj of call l in one launch.
+  void block(int l) const { attention_block(block_args(l), reinterpret_cast<Stream>(stream)); }
+  AttentionBlockArgs block_args(int l) const {
+    AttentionBlockArgs a;
+    a.x = make_tensor(b.x.ptr, DType::kBFloat16, {s.T, kHiddenSize});
+    a.qkv_weight = qkv_weight(l);
+    a.positions = make_tensor(b.positions.ptr, DType::kInt64, {s.T});
+    if (s.rope) a.cos_sin = make_tensor(b.cos_sin.ptr, DType::kFloat32, {s.L, 64});
+    a.slot_mapping = make_tensor(b.slots.ptr, DType::kInt64, {s.T});
+    a.kv_cache = layer_cache(l);
+    a.num_kv_heads = s.kvh;
+    a.block_table = make_tensor(b.table.ptr, DType::kInt32, {s.R, s.pages_per_req});
+    a.seq_lens = make_tensor(b.lens.ptr, DType::kInt32, {s.R});
+    a.max_model_len = s.L;
+    a.window = s.window;
+    a.o_proj_weight = o_weight(l);
+    a.out = make_tensor(b.block_out.ptr, DType::kBFloat16, {s.T, kHiddenSize});
+    a.workspace = make_tensor(b.block_ws.ptr, DType::kUInt8, {int64_t(b.block_ws_bytes)});
+    return a;
+  }
+  // The layer as an engine binds it: the three ops' descriptions.
+  AttentionBlockLayer block_layer(const Deployment& d) const {
+    AttentionBlockLayer layer;
+    layer.projection.tp_size = d.tp;
+    layer.projection.weight = qkv_weight(0);
+    layer.projection.num_heads = s.heads;
+    layer.projection.num_kv_heads = s.kvh;
+    layer.projection.use_rope = layer.projection.rotary.present = s.rope;
+    if (s.rope) layer.projection.rotary.cos_sin = make_tensor(b.cos_sin.ptr, DType::kFloat32, {s.L, 64});
+    layer.attention.num_heads = s.heads;
+    layer.attention.num_kv_heads = s.kvh;
+    layer.output.tp_size = d.tp;
+    layer.output.num_heads = s.heads;
+    layer.output.weight = o_weight(0);
+    layer.num_kv_heads = s.kvh;
+    layer.max_model_len = s.L;
+    layer.max_reqs = s.R;
+    if (s.rope) layer.sliding_window = kSlidingWindow;
+    return layer;
+  }
+  TensorRef qkv_weight(int l) const {
+    return make_tensor(b.w.ptr + size_t(l % s.w_copies) * s.n * kHiddenSize, DType::kBFloat16, {s.n, kHiddenSize});
+  }
+  TensorRef o_weight(int l) const {
+    return make_tensor(b.wo.ptr + size_t(l % s.wo_copies) * kHiddenSize * s.k_in, DType::kBFloat16,
+                       {kHiddenSize, s.k_in});
   }
   TensorRef layer_cache(int l) const {
     return make_tensor(b.cache.ptr + b.layer_cache * (l % s.layers), DType::kBFloat16,
@@ -364,6 +435,67 @@ OpResult check_o_proj(const Deployment& d, const Shape& s, const Layers& b, cons
   return result("o_proj", worst <= 5e-3, buf, s.o_weight_bytes + s.T * (s.k_in + kHiddenSize) * 2.0);
 }
 
+// attention_block on layer 0 against its CPU reference (the three ops'
+// references chained) for requests 0 and R-1, every KV head (o_proj's rows
+// mix all of them), or why it does not serve this deployment (the layer's
+// reason first, then the call's).
+OpResult check_attention_block(const Deployment& d, const Shape& s, const Layers& b, const FusedOps& fused) {
+  OpResult r = result("attention_block", false, "", 0);
+  std::optional<std::string> why = unsupported_attention_block(fused.block_layer(d));
+  if (!why) why = unsupported_attention_block_call(fused.block_args(0));
+  if (why) {
+    r.pass = true;  // nothing ran, nothing failed: the caller keeps the three ops
+    r.skipped = *why;
+    r.detail = "not run: the step keeps the three ops (the block row)";
+    return r;
+  }
+  try {
+    prepare_attention_block();
+  } catch (const std::exception& e) {  // a failure: the checks said it serves
+    r.skipped = std::string("prepare_attention_block refused a deployment the checks accept: ") + e.what();
+    r.detail = "not run";
+    return r;
+  }
+  fused.block(0);
+  cuda_ok(cudaStreamSynchronize(fused.stream), "attention_block");
+  note(d, "checking attention_block against the CPU reference");
+  const auto hx = b.x.download(b.x.n);
+  const auto hw = b.w.download(size_t(s.n) * kHiddenSize);
+  const auto hwo = b.wo.download(size_t(kHiddenSize) * s.k_in);
+  const auto hcache = b.cache.download(b.layer_cache);
+  const auto hout = b.block_out.download(b.block_out.n);
+  reference::AttentionBlockInputs in;
+  in.x = hx.data();
+  in.num_reqs = s.R;
+  in.qkv_weight = hw.data();
+  in.num_kv_heads = s.kvh;
+  in.positions = b.h_pos.data();
+  in.cos_sin = s.rope ? b.h_cos_sin.data() : nullptr;
+  in.max_pos = s.L;
+  in.slot_mapping = b.h_slots.data();
+  in.num_pages = int64_t(s.R) * s.pages_per_req;
+  in.block_table = b.h_table.data();
+  in.block_table_stride = s.pages_per_req;
+  in.seq_lens = b.h_lens.data();
+  in.window = s.window;
+  in.o_proj_weight = hwo.data();
+  std::vector<int> reqs{0};
+  if (s.R > 1) reqs.push_back(s.R - 1);
+  const support::BlockError err = support::attention_block_error(in, reqs, hout.data(), kHiddenSize, hcache.data());
+  const long not_finite = std::count_if(hout.begin(), hout.end(), [](uint16_t v) {
+    return !std::isfinite(reference::bf16_bits_to_float(v));
+  });
+  char buf[300];
+  std::snprintf(buf, sizeof buf,
+                "one cooperative launch; requests {0, %d} x every KV head against the fp64 reference of the chain: "
+                "worst relative RMS per row of out %.2e, per head of the inserted cache rows %.2e (bar 5e-3); %ld "
+                "values of out not finite",
+                s.R - 1, err.out, err.cache, not_finite);
+  r.pass = err.out <= 5e-3 && err.cache <= 5e-3 && not_finite == 0;
+  r.detail = buf;
+  return r;
+}
+
 // Every call of 8 tokens: ids, weights and metadata.
 OpResult check_route(const Deployment& d, const RouteCalls& route) {
   for (int i = 0; i < RouteCalls::kCalls; ++i) route(i);
@@ -501,6 +633,23 @@ OpResult time_block(const Deployment& d, const Shape& s, const FusedOps& fused, 
   return b;
 }
 
+// attention_block: the chained block's step (the same bytes, the same
+// rotation through the layers) in one cooperative launch per layer; its
+// anchor the chain's unfused path. A row that did not run stays as it is.
+void time_attention_block(const Deployment& d, const Shape& s, const FusedOps& fused, const Timer& timer,
+                          const std::vector<OpResult>& results, const OpResult& chain, OpResult& r) {
+  if (!r.skipped.empty()) return;
+  note(d, "timing attention_block");
+  r.us = timer.us(op_calls(d, s), [&](int i) { fused.block(i); });
+  r.bytes = chain.bytes;
+  r.unfused_us = chain.unfused_us;
+  const double alone = results[kFront].us + results[kAttn].us + results[kOProj].us;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "; %.2f us against the chain's %.2f (%.2fx) and the ops alone, added, %.2f", r.us,
+                chain.us, chain.us / r.us, alone);
+  r.detail += buf;
+}
+
 }  // namespace
 
 std::vector<OpResult> run_gpu(const Deployment& d) {
@@ -522,11 +671,14 @@ std::vector<OpResult> run_gpu(const Deployment& d) {
   results.push_back(check_o_proj(d, s, layers, fused));
   const RouteCalls route(d, s, rng, stream);
   results.push_back(check_route(d, route));
+  OpResult block = check_attention_block(d, s, layers, fused);
 
   const Timer timer(stream, d.replays);
   const UnfusedOps unfused(s, layers, route, stream);
   time_ops(d, s, fused, route, unfused, timer, results);
   results.push_back(time_block(d, s, fused, unfused, timer, results));
+  time_attention_block(d, s, fused, timer, results, results.back(), block);
+  results.push_back(block);
   for (auto& r : results) r.floor_us = r.bytes / support::kCopyBandwidth * 1e6;
   return results;
 }

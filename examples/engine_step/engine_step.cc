@@ -5,10 +5,13 @@
 // Host part, on any machine: the layer's "why not" checks and the step's
 // sizing on the deployment's shapes, one call checked and one refused, and a
 // CPU reference on a small shape. GPU part (SM90 or SM100): the step's buffers
-// allocated once, the ops bound to the layer, qkv_front -> attn2 -> o_proj ->
+// allocated once, the ops bound to the layer, the layer's attention and
 // route captured in one CUDA graph, then replayed for --steps steps with new
 // positions, lengths and block tables written into device memory between
-// replays, each replay checked against the CPU references.
+// replays, each replay checked against the CPU references. The attention is
+// attention_block (qkv_front, attn2 and o_proj in one launch) where it serves
+// the layer and the call, else the three ops chained (qkv_front -> attn2 ->
+// o_proj), as an engine falls back; the example says which it took.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +31,7 @@
 #endif
 
 #include "muse_decode/arch.h"
+#include "muse_decode/attention_block.h"
 #include "muse_decode/attn2.h"
 #include "muse_decode/o_proj.h"
 #include "muse_decode/qkv_front.h"
@@ -54,6 +58,7 @@ struct Deployment {
   int steps = 4;        // graph replays
   bool sliding = true;  // a sliding-window RoPE layer (layer % 4 != 1), else full attention
   int tile_n = 128;     // the routed GEMMs' tile, for the routing metadata
+  bool block = true;    // take attention_block where it serves (--no-block: the three ops always)
 
   int kvh() const { return md::kNumKvHeads / tp; }
   int heads() const { return md::kHeadsPerKvHead * kvh(); }
@@ -67,6 +72,15 @@ struct Deployment {
     return md::attn2_window(sliding ? std::optional<int>(md::kSlidingWindow) : std::nullopt, context);
   }
   int splits() const { return md::attn2_splits(context, window(), kvh()); }
+  // attention_block's workspace, or 16 bytes where its sizing refuses the
+  // deployment (the step then keeps the three ops, and says why).
+  int64_t block_workspace_bytes() const {
+    try {
+      return md::attention_block_workspace_bytes(1, kvh(), context, window());
+    } catch (const std::invalid_argument&) {
+      return 16;
+    }
+  }
 };
 
 // Every tensor of the step as a view into one device allocation, made once
@@ -76,6 +90,7 @@ struct Step {
   TensorRef x, w_qkv, cos_sin, cache, positions, slots, qkv, front_ws;  // qkv_front
   TensorRef table, lens, attn, attn_ws;                                 // attn2 (q, gate: columns of qkv)
   TensorRef w_o, hidden;                                                // o_proj
+  TensorRef block_ws;                                                   // attention_block (the rest: the above)
   TensorRef logits, bias, ids, weights, meta;                           // route
   size_t bytes = 0;
 };
@@ -103,12 +118,83 @@ Step lay_out(const Deployment& d, char* base, int device, int sms) {
   s.attn_ws = take(DType::kUInt8, {std::max<int64_t>(md::attn2_workspace_bytes(1, d.kvh(), d.splits()), 16)});
   s.w_o = take(DType::kBFloat16, {md::kOProjOutWidth, d.k_in()});
   s.hidden = take(DType::kBFloat16, {kTokens, md::kHiddenSize});
+  s.block_ws = take(DType::kUInt8, {d.block_workspace_bytes()});
   s.logits = take(DType::kFloat32, {kTokens, md::kNumExperts});
   s.bias = take(DType::kFloat32, {md::kNumExperts});
   s.ids = take(DType::kInt32, {kTokens, md::kTopK});
   s.weights = take(DType::kFloat32, {kTokens, md::kTopK});
   s.meta = take(DType::kInt32, {md::metadata_size(d.tile_n)});
   return s;
+}
+
+// ---------------------------------------------------------------------------
+// What vLLM's attention layer carries, as the ops' "why not" checks read it.
+md::ProjectionDesc front_desc(const Deployment& d, const Step& s) {
+  md::ProjectionDesc front;
+  front.tp_size = d.tp;
+  front.weight = s.w_qkv;
+  front.num_heads = d.heads();
+  front.num_kv_heads = d.kvh();
+  front.use_rope = front.rotary.present = d.sliding;
+  front.rotary.cos_sin = s.cos_sin;
+  return front;
+}
+
+md::Attn2Layer attn2_desc(const Deployment& d) {
+  md::Attn2Layer layer;
+  layer.num_kv_heads = d.kvh();
+  layer.num_heads = d.heads();
+  return layer;
+}
+
+md::OutProjectionDesc o_proj_desc(const Deployment& d, const Step& s) {
+  md::OutProjectionDesc out;
+  out.tp_size = d.tp;
+  out.num_heads = d.heads();
+  out.weight = s.w_o;
+  return out;
+}
+
+// The layer as attention_block sees it: the three ops' descriptions and the
+// deployment (one request per step here).
+md::AttentionBlockLayer block_layer(const Deployment& d, const Step& s) {
+  md::AttentionBlockLayer layer;
+  layer.projection = front_desc(d, s);
+  layer.attention = attn2_desc(d);
+  layer.output = o_proj_desc(d, s);
+  layer.num_kv_heads = d.kvh();
+  layer.max_model_len = d.context;
+  layer.max_reqs = 1;
+  if (d.sliding) layer.sliding_window = md::kSlidingWindow;
+  return layer;
+}
+
+// The step's call of attention_block: the chain's inputs, its output o_proj's.
+md::AttentionBlockArgs block_args(const Deployment& d, const Step& s) {
+  md::AttentionBlockArgs a;
+  a.x = s.x;
+  a.qkv_weight = s.w_qkv;
+  a.positions = s.positions;
+  a.cos_sin = s.cos_sin;
+  a.slot_mapping = s.slots;
+  a.kv_cache = s.cache;
+  a.num_kv_heads = d.kvh();
+  a.block_table = s.table;
+  a.seq_lens = s.lens;
+  a.max_model_len = d.context;
+  a.window = d.window();
+  a.o_proj_weight = s.w_o;
+  a.out = s.hidden;
+  a.workspace = s.block_ws;
+  return a;
+}
+
+// Why the step keeps the three ops (the layer's reason first, then the
+// call's), or nullopt where attention_block takes it.
+std::optional<std::string> why_not_block(const Deployment& d, const Step& s) {
+  if (!d.block) return std::string("--no-block was given");
+  if (auto why = md::unsupported_attention_block(block_layer(d, s))) return why;
+  return md::unsupported_attention_block_call(block_args(d, s));
 }
 
 // ---------------------------------------------------------------------------
@@ -120,40 +206,33 @@ bool host_part(const Deployment& d, int sms) {
 
   // Once per layer, when the engine loads it: do the fused ops take it? Each
   // check returns the reason or nothing; a refused layer keeps the stock path.
-  md::Attn2Layer layer;
-  layer.num_kv_heads = d.kvh();
-  layer.num_heads = d.heads();
-  md::ProjectionDesc front;
-  front.tp_size = d.tp;
-  front.weight = s.w_qkv;
-  front.num_heads = d.heads();
-  front.num_kv_heads = d.kvh();
-  front.use_rope = front.rotary.present = d.sliding;
-  front.rotary.cos_sin = s.cos_sin;
-  md::OutProjectionDesc out;
-  out.tp_size = d.tp;
-  out.num_heads = d.heads();
-  out.weight = s.w_o;
   md::RouterDesc router;  // sigmoid, top-8 of 256, output multiplier already folded
   router.expert_bias = s.bias;
   const std::pair<const char*, std::optional<std::string>> why_not[] = {
-      {"qkv_front", md::unsupported_projection(front)},
-      {"attn2", md::unsupported_attn2(layer)},
-      {"o_proj", md::unsupported_o_proj(out)},
+      {"qkv_front", md::unsupported_projection(front_desc(d, s))},
+      {"attn2", md::unsupported_attn2(attn2_desc(d))},
+      {"o_proj", md::unsupported_o_proj(o_proj_desc(d, s))},
       {"route", md::unsupported_router(router)}};
   bool ok = true;
   for (const auto& [op, why] : why_not) {
     std::printf("  %-9s %s\n", op, why ? why->c_str() : "takes this layer");
     ok = ok && !why;
   }
+  // The three ops in one launch, where the layer and the step's call allow
+  // it; a refusal is no failure: the step keeps the three ops.
+  const auto block_why = why_not_block(d, s);
+  std::printf("  attention_block %s\n",
+              block_why ? ("refused, the step keeps the three ops: " + *block_why).c_str()
+                        : "takes this layer and the step's call");
 
   // The grid and the workspaces depend on the deployment, never on a step's
   // lengths: that is what lets one graph serve every step.
+  const std::string block_ws = block_why ? "-" : std::to_string(s.block_ws.span_bytes()) + " B";
   std::printf("  sizing: window %d, %d key slice(s), attn2 workspace %lld B, qkv_front workspace %lld B (%d SMs),"
-              " metadata %lld int32 (tile %d); %.1f MB of device memory for the step\n",
+              " attention_block workspace %s, metadata %lld int32 (tile %d); %.1f MB of device memory for the step\n",
               d.window(), d.splits(), (long long)md::attn2_workspace_bytes(1, d.kvh(), d.splits()),
-              (long long)s.front_ws.span_bytes(), sms,
-              (long long)md::metadata_size(d.tile_n), d.tile_n, s.bytes / 1e6);
+              (long long)s.front_ws.span_bytes(), sms, block_ws.c_str(), (long long)md::metadata_size(d.tile_n),
+              d.tile_n, s.bytes / 1e6);
 
   // Per call: the step's routing is taken; two requests' 16 tokens are not
   // (route serves 1..8), and the reason names the argument.
@@ -236,15 +315,22 @@ struct HostStep {
   std::vector<int32_t> table, lens;
 };
 
+// The routing of one replay against the reference: exact, but an id may
+// differ where two keys tie to within the last bit of expf.
+bool check_route(const Deployment& d, const Step& s, const HostLayer& l, const HostStep& in, cudaStream_t stream) {
+  const auto ids = download<int32_t>(s.ids, stream), meta = download<int32_t>(s.meta, stream);
+  const auto weights = download<float>(s.weights, stream);
+  const support::RouteDiff route = support::route_diff(in.logits.data(), kTokens, l.bias.data(), ids.data(),
+                                                       weights.data(), meta.data(), 0, d.experts(), d.tile_n);
+  return route.ids_apart == 0 && route.weights_off == 0 && !route.metadata_differs;
+}
+
 // One replay's outputs against the CPU references (support/step_checks.h),
 // each op on what it read (the op before's output from the GPU): relative
-// RMS <= 5e-3 per head or row, the cache rows and the routing exact (an id
-// may differ only where two keys tie to within the last bit of expf).
+// RMS <= 5e-3 per head or row, the cache rows and the routing exact.
 bool check_step(const Deployment& d, const Step& s, const HostLayer& l, const HostStep& in, cudaStream_t stream) {
   const auto qkv = download<uint16_t>(s.qkv, stream), attn = download<uint16_t>(s.attn, stream);
   const auto hidden = download<uint16_t>(s.hidden, stream), cache = download<uint16_t>(s.cache, stream);
-  const auto ids = download<int32_t>(s.ids, stream), meta = download<int32_t>(s.meta, stream);
-  const auto weights = download<float>(s.weights, stream);
 
   // qkv_front: projection, q/k norm and RoPE in double; the 8 tokens' cache
   // rows hold the bits of its k and v columns. attn2 on the GPU's q, gate
@@ -259,13 +345,43 @@ bool check_step(const Deployment& d, const Step& s, const HostLayer& l, const Ho
   double attn_err = 0;
   for (int kv = 0; kv < d.kvh(); ++kv) attn_err = std::max(attn_err, support::attn2_error(a, 0, kv, attn.data()));
   const double o_err = support::o_proj_error(attn.data(), kTokens, d.k_in(), l.w_o.data(), hidden.data());
-  const support::RouteDiff route = support::route_diff(in.logits.data(), kTokens, l.bias.data(), ids.data(),
-                                                       weights.data(), meta.data(), 0, d.experts(), d.tile_n);
-  const bool route_ok = route.ids_apart == 0 && route.weights_off == 0 && !route.metadata_differs;
+  const bool route_ok = check_route(d, s, l, in, stream);
 
   const bool pass = front_err <= 5e-3 && cache_off == 0 && attn_err <= 5e-3 && o_err <= 5e-3 && route_ok;
   std::printf("  L %5d: qkv_front %.1e (%d cache values off), attn2 %.1e, o_proj %.1e, route %s: %s\n", in.lens[0],
               front_err, cache_off, attn_err, o_err, route_ok ? "exact" : "differs", pass ? "pass" : "FAIL");
+  return pass;
+}
+
+// The same for a replay of attention_block, whose only attention output is
+// o_proj's rows: those against its reference (reference::attention_block_exact:
+// the three references chained, qkv_front's and attn2's rows rounded to bf16
+// as the ops store them, o_proj's sums in double), and the 8 tokens' cache
+// rows against the reference's k and v (per head: the block's projection
+// sums in its own order).
+bool check_block_step(const Deployment& d, const Step& s, const HostLayer& l, const HostStep& in,
+                      cudaStream_t stream) {
+  const auto hidden = download<uint16_t>(s.hidden, stream), cache = download<uint16_t>(s.cache, stream);
+  ref::AttentionBlockInputs b;
+  b.x = in.x.data();
+  b.num_reqs = 1;
+  b.qkv_weight = l.w_qkv.data();
+  b.num_kv_heads = d.kvh();
+  b.positions = in.positions.data();
+  b.cos_sin = d.sliding ? l.cos_sin.data() : nullptr;
+  b.max_pos = d.context;
+  b.slot_mapping = in.slots.data();
+  b.num_pages = d.pool_pages();
+  b.block_table = in.table.data();
+  b.block_table_stride = d.table_width();
+  b.seq_lens = in.lens.data();
+  b.window = d.window();
+  b.o_proj_weight = l.w_o.data();
+  const support::BlockError err = support::attention_block_error(b, {0}, hidden.data(), md::kHiddenSize, cache.data());
+  const bool route_ok = check_route(d, s, l, in, stream);
+  const bool pass = err.out <= 5e-3 && err.cache <= 5e-3 && route_ok;
+  std::printf("  L %5d: attention_block out %.1e, cache rows %.1e, route %s: %s\n", in.lens[0], err.out, err.cache,
+              route_ok ? "exact" : "differs", pass ? "pass" : "FAIL");
   return pass;
 }
 
@@ -296,28 +412,46 @@ bool gpu_part(const Deployment& d) {
   upload(s.cache, support::random_bf16(s.cache.numel(), support::kActivationScale, rng), stream);
   cuda_ok(cudaStreamSynchronize(stream), "upload");
 
+  // The layer's attention: attention_block where it takes the layer and the
+  // step's call (the same checks the host part printed), else the three ops.
+  const auto block_why = why_not_block(d, s);
+  std::printf("path: %s\n", block_why ? ("qkv_front -> attn2 -> o_proj (attention_block: " + *block_why + ")").c_str()
+                                       : "attention_block (qkv_front, attn2 and o_proj in one launch)");
+
   // Bind the ops to the layer's tensors: each constructor checks them once
   // and prepares the device (kernel attributes, the driver's tensor-map
   // encoder), which must happen outside graph capture.
-  const md::QkvFront front(s.w_qkv, s.cos_sin, s.cache, d.kvh(), s.front_ws);
-  const md::Attn2 attn(s.cache, s.attn_ws, d.context, d.window(), d.splits());
-  const md::OProj o_proj(s.w_o);
+  std::optional<md::AttentionBlock> block;
+  std::optional<md::QkvFront> front;
+  std::optional<md::Attn2> attn;
+  std::optional<md::OProj> o_proj;
+  if (!block_why) {
+    block.emplace(s.w_qkv, s.cos_sin, s.cache, d.kvh(), s.w_o, d.context, d.window(), s.block_ws);
+  } else {
+    front.emplace(s.w_qkv, s.cos_sin, s.cache, d.kvh(), s.front_ws);
+    attn.emplace(s.cache, s.attn_ws, d.context, d.window(), d.splits());
+    o_proj.emplace(s.w_o);
+  }
   md::RouterDesc router;
   router.expert_bias = s.bias;
   const md::MuseRouting routing(router);
   const md::QkvViews qg = md::split_qkv(s.qkv, d.kvh());  // attn2 reads q and gate in place
   const md::RoutingMetadata meta{s.meta, 0, d.experts(), d.tile_n};
 
-  // One graph for every step: each launch with programmatic dependent launch
-  // (the default), so it starts while the one before it ends. The graph
-  // holds addresses; positions, lengths and block tables are read from
+  // One graph for every step: each op's launch with programmatic dependent
+  // launch (the default), so it starts while the one before it ends. The
+  // graph holds addresses; positions, lengths and block tables are read from
   // device memory when it replays. route's logits stand for the router GEMM's
   // output, which is the engine's own (cuBLAS), not this library's.
   support::Graph graph;
   support::capture(graph, stream, 1, [&](int) {
-    front(s.x, s.positions, s.slots, s.qkv, stream);
-    attn(qg.q, qg.gate, s.table, s.lens, s.attn, stream);
-    o_proj(s.attn, s.hidden, stream);
+    if (block) {
+      (*block)(s.x, s.positions, s.slots, s.table, s.lens, s.hidden, stream);
+    } else {
+      (*front)(s.x, s.positions, s.slots, s.qkv, stream);
+      (*attn)(qg.q, qg.gate, s.table, s.lens, s.attn, stream);
+      (*o_proj)(s.attn, s.hidden, stream);
+    }
     routing(s.logits, s.ids, s.weights, meta, stream);
   });
 
@@ -347,7 +481,7 @@ bool gpu_part(const Deployment& d) {
     cuda_ok(cudaMemsetAsync(s.meta.data, 0xff, s.meta.span_bytes(), stream), "cudaMemsetAsync");
     cuda_ok(cudaGraphLaunch(graph.exec, stream), "cudaGraphLaunch");
     cuda_ok(cudaStreamSynchronize(stream), "the step's replay");
-    pass = check_step(d, s, l, in, stream) && pass;
+    pass = (block ? check_block_step(d, s, l, in, stream) : check_step(d, s, l, in, stream)) && pass;
   }
   return pass;
 }
@@ -359,11 +493,13 @@ bool gpu_part(const Deployment& d) {
 namespace {
 
 const char* kUsage =
-    "usage: engine_step [--tp 1|2|4|8] [--context L] [--steps N] [--layer sliding|full]\n"
+    "usage: engine_step [--tp 1|2|4|8] [--context L] [--steps N] [--layer sliding|full] [--no-block]\n"
     "  One Muse Spark layer's verify step (8 tokens, one request) on rank 0 of a TP group: host checks,\n"
     "  then on an SM90/SM100 GPU the step captured in one CUDA graph, replayed N times with new positions,\n"
-    "  lengths and block tables, and checked against the CPU references. Defaults: TP8, L 4096, 4 steps,\n"
-    "  a sliding-window layer. Exit status 0 when every check passes.\n";
+    "  lengths and block tables, and checked against the CPU references. The attention runs as\n"
+    "  attention_block (one launch) where it serves, else as qkv_front -> attn2 -> o_proj; --no-block\n"
+    "  takes the three ops always. Defaults: TP8, L 4096, 4 steps, a sliding-window layer. Exit status 0\n"
+    "  when every check passes.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "engine_step: %s\n%s", message.c_str(), kUsage);
@@ -395,6 +531,8 @@ int main(int argc, char** argv) {
       d.context = int_flag(argc, argv, i, kTokens, 131072);
     } else if (a == "--steps") {
       d.steps = int_flag(argc, argv, i, 1, 64);
+    } else if (a == "--no-block") {
+      d.block = false;
     } else if (a == "--layer" && i + 1 < argc && (std::string(argv[i + 1]) == "sliding" || std::string(argv[i + 1]) == "full")) {
       d.sliding = std::string(argv[++i]) == "sliding";
     } else {
