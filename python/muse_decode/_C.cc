@@ -14,6 +14,7 @@ void bind_route(nb::module_& m);
 void bind_qkv_front(nb::module_& m);
 void bind_attn2(nb::module_& m);
 void bind_o_proj(nb::module_& m);
+void bind_attention_block(nb::module_& m);
 }  // namespace muse_decode::python
 
 NB_MODULE(_C, m) {
@@ -40,4 +41,5 @@ NB_MODULE(_C, m) {
   python::bind_qkv_front(m);
   python::bind_attn2(m);
   python::bind_o_proj(m);
+  python::bind_attention_block(m);
 }

@@ -39,10 +39,17 @@ def unsupported_attn2(layer) -> str | None:
     None. Any object gets an answer: a missing or unreadable attribute is a
     reason too."""
     try:
-        values = attributes(layer, "layer", _LAYER_ATTRIBUTES)
+        values = _layer_values(layer)
     except ValueError as e:
         return str(e)
     return _C.unsupported_attn2(*values)
+
+
+def _layer_values(layer) -> tuple:
+    """What the extension's unsupported_attn2 takes, read off the layer
+    (attention_block's layer check passes the same); ValueError naming the
+    first attribute that is missing or cannot be read."""
+    return tuple(attributes(layer, "layer", _LAYER_ATTRIBUTES))
 
 
 # The extension's functions and class themselves: no Python frame on the

@@ -14,14 +14,20 @@ def attributes(obj, label: str, names: tuple[str, ...]) -> list:
     read raised (a property that fails)."""
     values = []
     for name in names:
-        try:
-            value = getattr(obj, name, _MISSING)
-        except Exception as e:  # noqa: BLE001 (any object: its own error becomes the reason)
-            raise ValueError(f"{label}.{name} cannot be read: {type(e).__name__}: {e}") from None
+        value = optional_attribute(obj, label, name, _MISSING)
         if value is _MISSING:
             raise ValueError(f"{label} has no attribute {name!r}")
         values.append(value)
     return values
+
+
+def optional_attribute(obj, label: str, name: str, default=None):
+    """obj's attribute `name`, or `default` where obj has none; ValueError
+    naming it when its read raises (a property that fails)."""
+    try:
+        return getattr(obj, name, default)
+    except Exception as e:  # noqa: BLE001 (any object: its own error becomes the reason)
+        raise ValueError(f"{label}.{name} cannot be read: {type(e).__name__}: {e}") from None
 
 
 def quantized(linear) -> bool:

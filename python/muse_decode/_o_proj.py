@@ -30,10 +30,18 @@ def unsupported_o_proj(attn) -> str | None:
     input_is_parallel, tp_size, weight; num_heads, head_dim), or None. Any
     object gets an answer: a missing or unreadable attribute is a reason too."""
     try:
-        proj, num_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
+        values = _output_values(attn)
     except ValueError as e:
         return str(e)
-    return _C.unsupported_o_proj(
+    return _C.unsupported_o_proj(*values)
+
+
+def _output_values(attn) -> tuple:
+    """What the extension's unsupported_o_proj takes, read off the layer
+    (attention_block's layer check passes the same); ValueError naming the
+    first attribute that is missing or cannot be read."""
+    proj, num_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
+    return (
         quantized(proj),
         getattr(proj, "bias", None) is not None,
         getattr(proj, "input_is_parallel", True),

@@ -64,11 +64,19 @@ def unsupported_projection(attn) -> str | None:
     Any object gets an answer: a missing or unreadable attribute is a reason
     too."""
     try:
-        proj, num_heads, num_kv_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
+        values = _projection_values(attn)
     except ValueError as e:
         return str(e)
+    return _C.unsupported_projection(*values)
+
+
+def _projection_values(attn) -> tuple:
+    """What the extension's unsupported_projection takes, read off the layer
+    (attention_block's layer check passes the same); ValueError naming the
+    first attribute that is missing or cannot be read."""
+    proj, num_heads, num_kv_heads, head_dim = attributes(attn, "attn", _ATTN_ATTRIBUTES)
     emb = getattr(attn, "rotary_emb", None)
-    return _C.unsupported_projection(
+    return (
         quantized(proj),
         getattr(proj, "bias", None) is not None,
         getattr(proj, "gather_output", False),

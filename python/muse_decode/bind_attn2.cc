@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "muse_decode/attn2.h"
+#include "layer_descs.h"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -38,6 +39,19 @@ struct BoundAttn2 {
   Attn2 op;
 };
 }  // namespace
+
+Attn2Layer attn2_layer(nb::handle use_o_norm, nb::handle use_o_gate, nb::handle head_dim, nb::handle num_heads,
+                       nb::handle num_kv_heads, nb::handle scaling, nb::handle eps) {
+  Attn2Layer l;
+  l.use_o_norm = truth_arg(use_o_norm, "layer.use_o_norm");
+  l.use_o_gate = truth_arg(use_o_gate, "layer.use_o_gate");
+  l.head_dim = int_arg(head_dim, "layer.head_dim");
+  l.num_heads = int_arg(num_heads, "layer.num_heads");
+  l.num_kv_heads = int_arg(num_kv_heads, "layer.num_kv_heads");
+  l.scaling = float_arg(scaling, "layer.scaling");
+  l.rms_norm_eps = float_arg(eps, "layer.rms_norm_eps");
+  return l;
+}
 
 void bind_attn2(nb::module_& m) {
   m.def(
@@ -75,17 +89,7 @@ void bind_attn2(nb::module_& m) {
       [](nb::handle use_o_norm, nb::handle use_o_gate, nb::handle head_dim, nb::handle num_heads,
          nb::handle num_kv_heads, nb::handle scaling, nb::handle eps) {
         return reason_or_check(
-            [&] {
-              Attn2Layer l;
-              l.use_o_norm = truth_arg(use_o_norm, "layer.use_o_norm");
-              l.use_o_gate = truth_arg(use_o_gate, "layer.use_o_gate");
-              l.head_dim = int_arg(head_dim, "layer.head_dim");
-              l.num_heads = int_arg(num_heads, "layer.num_heads");
-              l.num_kv_heads = int_arg(num_kv_heads, "layer.num_kv_heads");
-              l.scaling = float_arg(scaling, "layer.scaling");
-              l.rms_norm_eps = float_arg(eps, "layer.rms_norm_eps");
-              return l;
-            },
+            [&] { return attn2_layer(use_o_norm, use_o_gate, head_dim, num_heads, num_kv_heads, scaling, eps); },
             [](const Attn2Layer& l) { return unsupported_attn2(l); });
       },
       nb::sig("def unsupported_attn2(use_o_norm: bool, use_o_gate: bool, head_dim: int, num_heads: int, num_kv_heads: "

@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "muse_decode/o_proj.h"
+#include "layer_descs.h"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -30,6 +31,20 @@ struct BoundOProj {
 };
 }  // namespace
 
+OutProjectionDesc out_projection_desc(nb::handle quantized, nb::handle has_bias, nb::handle input_is_parallel,
+                                      nb::handle tp_size, nb::handle num_heads, nb::handle head_dim,
+                                      nb::handle weight) {
+  OutProjectionDesc d;
+  d.quantized = truth_arg(quantized, "quantized");
+  d.has_bias = truth_arg(has_bias, "has_bias");
+  d.input_is_parallel = truth_arg(input_is_parallel, "attn.o_proj.input_is_parallel");
+  d.tp_size = int_arg(tp_size, "attn.o_proj.tp_size");
+  d.num_heads = int_arg(num_heads, "attn.num_heads");
+  d.head_dim = int_arg(head_dim, "attn.head_dim");
+  d.weight = tensor_ref(weight, "attn.o_proj.weight");
+  return d;
+}
+
 void bind_o_proj(nb::module_& m) {
   m.def(
       "prepare_o_proj", [](nb::handle device) { prepare_o_proj(int_arg(device, "device")); },
@@ -43,15 +58,7 @@ void bind_o_proj(nb::module_& m) {
          nb::handle num_heads, nb::handle head_dim, nb::handle weight) {
         return reason_or_check(
             [&] {
-              OutProjectionDesc d;
-              d.quantized = truth_arg(quantized, "quantized");
-              d.has_bias = truth_arg(has_bias, "has_bias");
-              d.input_is_parallel = truth_arg(input_is_parallel, "attn.o_proj.input_is_parallel");
-              d.tp_size = int_arg(tp_size, "attn.o_proj.tp_size");
-              d.num_heads = int_arg(num_heads, "attn.num_heads");
-              d.head_dim = int_arg(head_dim, "attn.head_dim");
-              d.weight = tensor_ref(weight, "attn.o_proj.weight");
-              return d;
+              return out_projection_desc(quantized, has_bias, input_is_parallel, tp_size, num_heads, head_dim, weight);
             },
             [](const OutProjectionDesc& d) { return unsupported_o_proj(d); });
       },

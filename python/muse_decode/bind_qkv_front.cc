@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "muse_decode/qkv_front.h"
+#include "layer_descs.h"
 #include "tensor_args.h"
 
 namespace nb = nanobind;
@@ -37,6 +38,27 @@ struct BoundQkvFront {
   QkvFront op;
 };
 }  // namespace
+
+ProjectionDesc projection_desc(nb::handle quantized, nb::handle has_bias, nb::handle gather_output, nb::handle tp_size,
+                               nb::handle weight, nb::handle num_heads, nb::handle num_kv_heads, nb::handle head_dim,
+                               nb::handle use_rope, nb::handle rotary_present, nb::handle rotary_dim,
+                               nb::handle is_neox_style, nb::handle cos_sin) {
+  ProjectionDesc d;
+  d.quantized = truth_arg(quantized, "quantized");
+  d.has_bias = truth_arg(has_bias, "has_bias");
+  d.gather_output = truth_arg(gather_output, "attn.qkv_proj.gather_output");
+  d.tp_size = int_arg(tp_size, "attn.qkv_proj.tp_size");
+  d.weight = tensor_ref(weight, "attn.qkv_proj.weight");
+  d.num_heads = int_arg(num_heads, "attn.num_heads");
+  d.num_kv_heads = int_arg(num_kv_heads, "attn.num_kv_heads");
+  d.head_dim = int_arg(head_dim, "attn.head_dim");
+  d.use_rope = truth_arg(use_rope, "attn.use_rope");
+  d.rotary.present = truth_arg(rotary_present, "rotary_present");
+  d.rotary.rotary_dim = int_arg(rotary_dim, "attn.rotary_emb.rotary_dim");
+  d.rotary.is_neox_style = truth_arg(is_neox_style, "attn.rotary_emb.is_neox_style");
+  d.rotary.cos_sin = tensor_ref(cos_sin, "attn.rotary_emb.cos_sin_cache");
+  return d;
+}
 
 void bind_qkv_front(nb::module_& m) {
   m.def(
@@ -79,21 +101,8 @@ void bind_qkv_front(nb::module_& m) {
          nb::handle rotary_present, nb::handle rotary_dim, nb::handle is_neox_style, nb::handle cos_sin) {
         return reason_or_check(
             [&] {
-              ProjectionDesc d;
-              d.quantized = truth_arg(quantized, "quantized");
-              d.has_bias = truth_arg(has_bias, "has_bias");
-              d.gather_output = truth_arg(gather_output, "attn.qkv_proj.gather_output");
-              d.tp_size = int_arg(tp_size, "attn.qkv_proj.tp_size");
-              d.weight = tensor_ref(weight, "attn.qkv_proj.weight");
-              d.num_heads = int_arg(num_heads, "attn.num_heads");
-              d.num_kv_heads = int_arg(num_kv_heads, "attn.num_kv_heads");
-              d.head_dim = int_arg(head_dim, "attn.head_dim");
-              d.use_rope = truth_arg(use_rope, "attn.use_rope");
-              d.rotary.present = truth_arg(rotary_present, "rotary_present");
-              d.rotary.rotary_dim = int_arg(rotary_dim, "attn.rotary_emb.rotary_dim");
-              d.rotary.is_neox_style = truth_arg(is_neox_style, "attn.rotary_emb.is_neox_style");
-              d.rotary.cos_sin = tensor_ref(cos_sin, "attn.rotary_emb.cos_sin_cache");
-              return d;
+              return projection_desc(quantized, has_bias, gather_output, tp_size, weight, num_heads, num_kv_heads,
+                                     head_dim, use_rope, rotary_present, rotary_dim, is_neox_style, cos_sin);
             },
             [](const ProjectionDesc& d) { return unsupported_projection(d); });
       },

@@ -1,8 +1,12 @@
 """A Muse Spark decoder layer's attention and MoE routing on one rank, as an
 engine runs its verify step: the fused ops where the planner sends them
 (8-token verify steps on a supported GPU, supported layers), the stock PyTorch
-path everywhere else. The module carries the attributes of vLLM's Muse Spark
-layers, so the package's checks read it as they would read vLLM's.
+path everywhere else. The attention goes to attention_block (qkv_front, attn2
+and o_proj in one launch) where it serves the layer and the step's call, and
+to the three ops otherwise; the layer says which ran and why
+(Plan.block_reason, MuseSparkAttentionRouting.attention_path). The module
+carries the attributes of vLLM's Muse Spark layers, so the package's checks
+read it as they would read vLLM's.
 
 The MoE experts themselves are not part of this module: it ends with the
 routing (ids, weights and the routed GEMMs' metadata)."""
@@ -18,6 +22,13 @@ import torch
 
 from . import stock
 from ._arguments import integer
+from ._attention_block import (
+    AttentionBlock,
+    attention_block_workspace_bytes,
+    prepare_attention_block,
+    unsupported_attention_block,
+    unsupported_attention_block_call,
+)
 from ._attn2 import Attn2, attn2_splits, attn2_window, attn2_workspace_bytes, prepare_attn2, unsupported_attn2
 from .constants import HEAD_DIM, HEADS_PER_KV_HEAD, HIDDEN_SIZE, NUM_EXPERTS, QUERY_LEN, RMS_NORM_EPS, SM_SCALE, TOP_K
 from ._qkv_front import QkvFront, prepare_qkv_front, qkv_front_workspace_bytes_for_device, split_qkv, unsupported_projection
@@ -31,13 +42,28 @@ SLIDING_WINDOW = 2048
 
 @dataclass(frozen=True)
 class Plan:
-    """Which ops of a step run fused (True) or on the stock path (False), and why not."""
+    """Which ops of a step run fused (True) or on the stock path (False), and
+    why not (reason). block: the attention (front, attention and out_proj)
+    goes to attention_block, and front, attention and out_proj say where a
+    call it refuses goes instead; block_reason: why not, where the layer's
+    other ops are fused (None when the whole step is stock: reason says why)."""
 
     front: bool
     attention: bool
     out_proj: bool
     routing: bool
     reason: str | None = None
+    block: bool = False
+    block_reason: str | None = None
+
+
+class AttentionPath(NamedTuple):
+    """Which path a step's attention took: "attention_block" (one launch) or
+    "three ops" (qkv_front, attn2 and o_proj, each fused or stock as the plan
+    says), and why not the block (None when it ran)."""
+
+    path: str
+    reason: str | None
 
 
 def router(expert_bias, weight=None, route_scale: float = 1.0, output_multiplier: float | None = None):
@@ -58,11 +84,12 @@ def rope_table(max_pos: int, device=None) -> torch.Tensor:
 
 
 class Step(NamedTuple):
-    """What one layer step returns."""
+    """What one layer step returns. attention_block keeps the front's and
+    the attention's rows inside its workspace: after it, qkv and attn are None."""
 
     hidden: torch.Tensor  # x + o_proj(attention) [T, 8192] bf16: the residual stream
-    qkv: torch.Tensor  # the attention front's output [T, q | k | v | gate] bf16
-    attn: torch.Tensor  # attention with o-norm and gate [T, heads * 64] bf16 (this rank's heads)
+    qkv: torch.Tensor | None  # the attention front's output [T, q | k | v | gate] bf16
+    attn: torch.Tensor | None  # attention with o-norm and gate [T, heads * 64] bf16 (this rank's heads)
     ids: torch.Tensor  # routed experts [T, 8] int32
     weights: torch.Tensor  # their weights [T, 8] fp32
     metadata: torch.Tensor  # routing metadata of this rank's experts (int32)
@@ -79,7 +106,11 @@ class MuseSparkAttentionRouting(torch.nn.Module):
     step's tokens), and returns a Step (hidden after attention + residual, the
     front's and the attention's outputs, ids, weights, metadata buffer). With
     all_reduce (torch.distributed), o_proj's partial sums of the ranks are
-    added."""
+    added.
+
+    The attention runs as one attention_block launch where the plan says so
+    (plan.block) and the step's call passes the block's check, else as the
+    three ops; attention_path says which the last step took and why."""
 
     def __init__(self, layer_idx: int, max_model_len: int, tp_rank: int = 0, tp_size: int = 1,
                  device=None, dtype=torch.bfloat16, seed: int = 0, tile_n: int = 128):
@@ -132,6 +163,8 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         self.num_local_experts = NUM_EXPERTS // tp_size
         self.tile_n = tile_n
         self._fused_ready = False
+        self.block_reason = "prepare() has not run"  # why prepare() left attention_block out, or None
+        self.attention_path: AttentionPath | None = None  # the last step's
 
     # ---------------------------------------------------------------------
     def unsupported(self) -> str | None:
@@ -139,10 +172,20 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         return (unsupported_attn2(self) or unsupported_projection(self) or unsupported_o_proj(self)
                 or unsupported_router(self.router))
 
+    def unsupported_block(self, num_reqs: int) -> str | None:
+        """Why attention_block cannot run this layer's attention in steps of
+        up to num_reqs requests (the three ops' reasons first, then the
+        block's own: KV heads, requests, context), or None."""
+        num_reqs = integer(num_reqs, "num_reqs")
+        return unsupported_attention_block(self, self.max_model_len, num_reqs)
+
     def plan(self, num_tokens: int, num_reqs: int, device) -> Plan:
         """The verify step (8 tokens per request) goes to the fused ops on a
         supported GPU; prefill, other lengths, unsupported layers or GPUs go
-        to the stock path. route takes at most 8 tokens, qkv_front 16, o_proj 64."""
+        to the stock path. route takes at most 8 tokens, qkv_front 16, o_proj 64.
+        The attention goes to attention_block where it serves the layer for
+        num_reqs requests (block_reason: why not); the three ops' flags then
+        say where a call it refuses goes."""
         num_tokens, num_reqs = integer(num_tokens, "num_tokens"), integer(num_reqs, "num_reqs")
         dev = torch.device(device)
         if dev.type != "cuda" or not supported_gpu(dev.index if dev.index is not None else -1):
@@ -152,12 +195,16 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         why = self.unsupported()
         if why is not None:
             return Plan(False, False, False, False, why)
-        return Plan(num_tokens <= 16, True, num_tokens <= 64, num_tokens <= 8)
+        why_block = self.unsupported_block(num_reqs)
+        return Plan(num_tokens <= 16, True, num_tokens <= 64, num_tokens <= 8, block=why_block is None,
+                    block_reason=why_block)
 
     def prepare(self, num_reqs: int):
         """One-time setup of the fused path for up to num_reqs requests:
         kernel attributes, the bound routing and the workspaces (zeroed once),
-        outside graph capture."""
+        outside graph capture; attention_block's too where it serves the
+        layer (block_reason: why not), the three ops staying ready for the
+        calls it refuses."""
         num_reqs = integer(num_reqs, "num_reqs")
         dev = self.qkv_proj.weight.device
         prepare_attn2(dev.index or 0)
@@ -169,19 +216,43 @@ class MuseSparkAttentionRouting(torch.nn.Module):
         self.front_ws = torch.zeros(qkv_front_workspace_bytes_for_device(self.num_kv_heads, dev.index or 0),
                                     dtype=torch.uint8, device=dev)
         self.routing = MuseRouting(self.router)
+        self.block_ws, self.block_reason = None, self.unsupported_block(num_reqs)
+        if self.block_reason is None:
+            try:
+                prepare_attention_block(dev.index or 0)
+            except (ValueError, RuntimeError) as e:  # this GPU cannot run it: the three ops serve
+                self.block_reason = f"prepare_attention_block: {e}"
+        if self.block_reason is None:
+            # The workspace's layout follows the requests of a call: the largest of 1..num_reqs.
+            nbytes = max(attention_block_workspace_bytes(r, self.num_kv_heads, self.max_model_len, self.window)
+                         for r in range(1, num_reqs + 1))
+            self.block_ws = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
         self._bound_cache = None  # the KV cache the bound ops below read
         self._fused_ready = True
 
     def _bind(self, kv_cache):
-        """The front and attn2 bound to this layer's weight, rotary table,
-        workspaces and KV cache (validated once; a call then reads only the
-        step's tensors, which keeps its host time within 5 us). Rebound when
-        the cache changes."""
+        """The front, attn2 and attention_block (where prepared) bound to this
+        layer's weights, rotary table, workspaces and KV cache (validated
+        once; a call then reads only the step's tensors, which keeps its host
+        time within 5 us). Rebound when the cache changes."""
         if self._bound_cache is not kv_cache:
             cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
             self._front = QkvFront(self.qkv_proj.weight, cos_sin, kv_cache, self.num_kv_heads, self.front_ws)
             self._attn = Attn2(kv_cache, self.attn_ws, self.max_model_len, self.window, self.splits)
+            self._block = (AttentionBlock(self.qkv_proj.weight, cos_sin, kv_cache, self.num_kv_heads,
+                                          self.o_proj.weight, self.max_model_len, self.window, self.block_ws)
+                           if self.block_ws is not None else None)
             self._bound_cache = kv_cache
+
+    def _block_call_reason(self, x, positions, slot_mapping, kv_cache, block_table, seq_lens, out) -> str | None:
+        """Why attention_block does not take this step's call (its own check
+        of the step's tensors), or None."""
+        if self._block is None:
+            return f"attention_block is not prepared for this layer: {self.block_reason}"
+        cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
+        return unsupported_attention_block_call(x, self.qkv_proj.weight, positions, cos_sin, slot_mapping, kv_cache,
+                                                self.num_kv_heads, block_table, seq_lens, self.max_model_len,
+                                                self.window, self.o_proj.weight, out, self.block_ws)
 
     def new_metadata(self) -> torch.Tensor:
         """A metadata buffer for this rank's experts (int32, 16-byte aligned)."""
@@ -192,13 +263,48 @@ class MuseSparkAttentionRouting(torch.nn.Module):
                 all_reduce=None):
         t, r = x.shape[0], seq_lens.shape[0]
         plan = plan or self.plan(t, r, x.device)
-        if (plan.front or plan.attention or plan.out_proj or plan.routing) and not self._fused_ready:
+        if (plan.front or plan.attention or plan.out_proj or plan.routing or plan.block) and not self._fused_ready:
             raise RuntimeError("call prepare() before a fused step (outside graph capture)")
+        if plan.front or plan.attention or plan.block:
+            self._bind(kv_cache)
+        # The attention in one launch where the block takes the call.
+        o, why_not_block = None, plan.block_reason or plan.reason or "the plan keeps the three ops"
+        if plan.block:
+            o = torch.empty(t, HIDDEN_SIZE, dtype=x.dtype, device=x.device)
+            why_not_block = self._block_call_reason(x, positions, slot_mapping, kv_cache, block_table, seq_lens, o)
+            if why_not_block is None:
+                self._block(x, positions, slot_mapping, block_table, seq_lens, o)
+                qkv = attn = None
+            else:
+                o = None
+        self.attention_path = AttentionPath("attention_block" if o is not None else "three ops", why_not_block)
+        if o is None:
+            qkv, attn, o = self._three_ops(x, positions, slot_mapping, kv_cache, block_table, seq_lens, plan)
+        if all_reduce is not None:
+            all_reduce(o)
+        h = x + o
+        # Routing of the post-attention hidden state.
+        hn = (stock.rms_norm(h) * self.post_attention_norm.float())
+        logits = hn @ self.router.weight.t()
+        if plan.routing:
+            ids = torch.empty(t, TOP_K, dtype=torch.int32, device=x.device)
+            weights = torch.empty(t, TOP_K, dtype=torch.float32, device=x.device)
+            self.routing(logits, ids, weights,
+                         RoutingMetadata(metadata, self.local_expert_offset, self.num_local_experts, self.tile_n))
+        else:
+            ids, weights = stock.route(logits, self.router.expert_bias, self.router.route_scale)
+            if t <= 8:
+                metadata = stock.routing_metadata(ids, self.local_expert_offset, self.num_local_experts, self.tile_n,
+                                                  metadata)
+        return Step(h, qkv, attn, ids, weights, metadata)
+
+    def _three_ops(self, x, positions, slot_mapping, kv_cache, block_table, seq_lens, plan: Plan):
+        """The attention as qkv_front, attn2 and o_proj, each fused or stock
+        as the plan says: (qkv, attn, o)."""
+        t = x.shape[0]
         cos_sin = self.rotary_emb.cos_sin_cache if self.rotary_emb is not None else None
         kvh = self.num_kv_heads
         # Attention front.
-        if plan.front or plan.attention:
-            self._bind(kv_cache)
         if plan.front:
             qkv = torch.empty(t, self.qkv_proj.weight.shape[0], dtype=x.dtype, device=x.device)
             self._front(x, positions, slot_mapping, qkv)
@@ -217,23 +323,7 @@ class MuseSparkAttentionRouting(torch.nn.Module):
             self._o_proj(attn, o)
         else:
             o = attn @ self.o_proj.weight.t()
-        if all_reduce is not None:
-            all_reduce(o)
-        h = x + o
-        # Routing of the post-attention hidden state.
-        hn = (stock.rms_norm(h) * self.post_attention_norm.float())
-        logits = hn @ self.router.weight.t()
-        if plan.routing:
-            ids = torch.empty(t, TOP_K, dtype=torch.int32, device=x.device)
-            weights = torch.empty(t, TOP_K, dtype=torch.float32, device=x.device)
-            self.routing(logits, ids, weights,
-                         RoutingMetadata(metadata, self.local_expert_offset, self.num_local_experts, self.tile_n))
-        else:
-            ids, weights = stock.route(logits, self.router.expert_bias, self.router.route_scale)
-            if t <= 8:
-                metadata = stock.routing_metadata(ids, self.local_expert_offset, self.num_local_experts, self.tile_n,
-                                                  metadata)
-        return Step(h, qkv, attn, ids, weights, metadata)
+        return qkv, attn, o
 
 
 def paged_cache(num_pages: int, num_kv_heads: int, device=None, seed: int = 0) -> torch.Tensor:

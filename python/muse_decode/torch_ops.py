@@ -2,8 +2,8 @@
 torch.compile users: each is opaque to the compiler, mutates its outputs in
 place and returns nothing. Importing this module registers them (it needs
 PyTorch). Each is the package's checked op: prepare the device first
-(prepare_route, prepare_attn2, prepare_qkv_front, prepare_o_proj), outside
-graph capture.
+(prepare_route, prepare_attn2, prepare_qkv_front, prepare_o_proj,
+prepare_attention_block), outside graph capture.
 Eager callers should call the package's functions directly: a
 torch.library.custom_op call costs tens of microseconds of host time
 (42 us measured on the H200 host), the direct call a few.
@@ -12,6 +12,8 @@ torch.library.custom_op call costs tens of microseconds of host time
     torch.ops.muse_decode.attn2(q, gate, kv_cache, block_table, seq_lens, out, workspace, max_model_len, window, num_splits)
     torch.ops.muse_decode.qkv_front(x, weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, out, workspace)
     torch.ops.muse_decode.o_proj(x, weight, out)
+    torch.ops.muse_decode.attention_block(x, qkv_weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads,
+                                          block_table, seq_lens, max_model_len, window, o_proj_weight, out, workspace)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ._attention_block import attention_block as _attention_block
 from ._attn2 import attn2 as _attn2
 from ._qkv_front import qkv_front as _qkv_front
 from ._o_proj import o_proj as _o_proj
@@ -70,4 +73,21 @@ def o_proj(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
 
 @o_proj.register_fake
 def _(x, weight, out):
+    return None
+
+
+# The KV cache gets the step's k and v; the workspace's counters are written
+# and left zeroed.
+@torch.library.custom_op("muse_decode::attention_block", mutates_args=("kv_cache", "out", "workspace"))
+def attention_block(x: torch.Tensor, qkv_weight: torch.Tensor, positions: torch.Tensor, cos_sin: Optional[torch.Tensor],
+                    slot_mapping: torch.Tensor, kv_cache: torch.Tensor, num_kv_heads: int, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, max_model_len: int, window: int, o_proj_weight: torch.Tensor,
+                    out: torch.Tensor, workspace: torch.Tensor) -> None:
+    _attention_block(x, qkv_weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, block_table, seq_lens,
+                     max_model_len, window, o_proj_weight, out, workspace)
+
+
+@attention_block.register_fake
+def _(x, qkv_weight, positions, cos_sin, slot_mapping, kv_cache, num_kv_heads, block_table, seq_lens, max_model_len,
+      window, o_proj_weight, out, workspace):
     return None

@@ -28,6 +28,9 @@ OP_NAMES = [  # the API shape every op shares, by op
     "qkv_front_supports_call", "qkv_front_supports_shape", "qkv_front_workspace_bytes",
     "qkv_front_workspace_bytes_for_device",
     "o_proj", "unsupported_o_proj_call", "prepare_o_proj", "OProj", "unsupported_o_proj",
+    "attention_block", "unsupported_attention_block_call", "prepare_attention_block", "AttentionBlock",
+    "unsupported_attention_block", "attention_block_splits", "attention_block_workspace_bytes",
+    "attention_block_supports_kv_heads",
 ]
 
 
@@ -67,10 +70,10 @@ def test_docstrings_say_the_thing_itself():
     import importlib
 
     modules = [md] + [importlib.import_module("muse_decode." + name) for name in
-                      ("_route", "_attn2", "_qkv_front", "_o_proj", "constants", "platform")]
+                      ("_route", "_attn2", "_qkv_front", "_o_proj", "_attention_block", "constants", "platform")]
     docs = [m.__doc__ for m in modules] + [getattr(md, name).__doc__ for name in md.__all__]
     docs += [f.__doc__ for f in [md.MuseRouting.__call__, md.Attn2.__call__, md.QkvFront.__call__,
-                                 md.RoutingMetadata.fields]]
+                                 md.AttentionBlock.__call__, md.RoutingMetadata.fields]]
     for doc in filter(None, docs):
         assert "SPEC" not in doc, doc
 
@@ -80,7 +83,7 @@ def test_each_op_has_a_module_named_after_it():
     namespace is the API, and the seed's names are importable from it."""
     import importlib
 
-    for op in ("route", "attn2", "qkv_front", "o_proj"):
+    for op in ("route", "attn2", "qkv_front", "o_proj", "attention_block"):
         module = importlib.import_module("muse_decode._" + op)
         assert getattr(module, op) is getattr(md, op)
     for name in ("MuseRouting", "RoutingMetadata", "metadata_size", "attn2", "prepare_attn2", "attn2_splits",
@@ -496,7 +499,7 @@ def test_without_a_driver_every_prepare_says_no_driver_was_found():
         pass
     found = "no CUDA device (no NVIDIA driver found: the CUDA runtime could not load libcuda.so.1)"
     assert md._C.describe_device() == found
-    for op in ["route", "attn2", "qkv_front", "o_proj"]:
+    for op in ["route", "attn2", "qkv_front", "o_proj", "attention_block"]:
         with pytest.raises(ValueError) as e:
             getattr(md, "prepare_" + op)()
         assert str(e.value) == f"{op} runs only on SM90 (H100/H200) or the SM100 family (B200/B300); found: {found}"

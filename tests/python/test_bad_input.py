@@ -193,7 +193,7 @@ def test_device_queries(query, device, message):
     raises(lambda: query(device), message)
 
 
-@pytest.mark.parametrize("op", ["route", "attn2", "qkv_front"])
+@pytest.mark.parametrize("op", ["route", "attn2", "qkv_front", "attention_block"])
 @pytest.mark.parametrize(
     "device, message",
     [(-2, DEVICE + "-2"), (2**31, "device " + INT32 + "2147483648"), ("0", "device " + NOT_INT + "str"),
@@ -203,7 +203,7 @@ def test_prepare(op, device, message):
     raises(lambda: getattr(md, "prepare_" + op)(device), message)
 
 
-@pytest.mark.parametrize("op", ["route", "attn2", "qkv_front"])
+@pytest.mark.parametrize("op", ["route", "attn2", "qkv_front", "attention_block"])
 def test_prepare_names_the_op_once_and_says_what_it_found(op):
     """Without a GPU (here, or a device no machine has) every prepare_<op>
     says the same thing: the op once, the GPUs it runs on, what it found."""

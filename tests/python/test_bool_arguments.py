@@ -77,6 +77,39 @@ def bound_front_args(**over):
     return {k: args[k] for k in ("weight", "cos_sin", "kv_cache", "num_kv_heads", "workspace")} | over
 
 
+def block_args(**over):
+    """A TP8 attention_block call of one request, max_model_len 2048."""
+    args = dict(x=FakeTensor([8, 8192], BF16, ptr=0x100000, device=D),
+                qkv_weight=FakeTensor([2304, 8192], BF16, ptr=0x10000000, device=D),
+                positions=FakeTensor([8], "int64", ptr=0x200000, device=D),
+                cos_sin=FakeTensor([4096, 64], "float32", ptr=0x300000, device=D),
+                slot_mapping=FakeTensor([8], "int64", ptr=0x400000, device=D),
+                kv_cache=FakeTensor([64, 2, 16, 128], BF16, ptr=0x20000000, device=D), num_kv_heads=2,
+                block_table=FakeTensor([1, 128], "int32", ptr=0x80000000, device=D),
+                seq_lens=FakeTensor([1], "int32", ptr=0x90000000, device=D), max_model_len=2048, window=0,
+                o_proj_weight=FakeTensor([8192, 1024], BF16, ptr=0x40000000, device=D),
+                out=FakeTensor([8, 8192], BF16, ptr=0x60000000, device=D),
+                workspace=FakeTensor([md.attention_block_workspace_bytes(1, 2, 2048, 0)], "uint8", ptr=0x30000000,
+                                     device=D))
+    return {**args, **over}
+
+
+def bound_block_args(**over):
+    args = block_args()
+    return {k: args[k] for k in ("qkv_weight", "cos_sin", "kv_cache", "num_kv_heads", "o_proj_weight",
+                                 "max_model_len", "window", "workspace")} | over
+
+
+def block_layer():
+    """A TP8 attention layer as unsupported_attention_block reads it: the
+    three ops' attributes on one object."""
+    attn = projection_layer()
+    attn.o_proj = o_proj_layer().o_proj
+    for name, value in vars(fake_attn_layer()).items():
+        setattr(attn, name, value)
+    return attn
+
+
 def projection_layer(**over):
     """A TP8 attention layer as unsupported_projection reads it; keys
     "qkv_proj.<attr>" and "rotary_emb.<attr>" replace the parts' attributes."""
@@ -163,6 +196,20 @@ CASES = [
     ("prepare_o_proj", "device", RAISES, lambda v: md.prepare_o_proj(v)),
     *[("unsupported_o_proj", "attn." + a, REASON, lambda v, a=a: md.unsupported_o_proj(o_proj_layer(**{a: v})))
       for a in ("o_proj.tp_size", "num_heads", "head_dim")],
+    # attention_block
+    ("attention_block_supports_kv_heads", "num_kv_heads", RAISES, lambda v: md.attention_block_supports_kv_heads(v)),
+    *[(f, a, RAISES, lambda v, f=f, i=i: getattr(md, f)(*[v if j == i else g for j, g in enumerate((1, 2, 32768, 0))]))
+      for f in ("attention_block_splits", "attention_block_workspace_bytes")
+      for i, a in enumerate(("num_reqs", "num_kv_heads", "max_model_len", "window"))],
+    ("prepare_attention_block", "device", RAISES, lambda v: md.prepare_attention_block(v)),
+    *[(f, a, kind, lambda v, f=f, a=a: getattr(md, f)(**block_args(**{a: v})))
+      for f, kind in (("attention_block", RAISES), ("unsupported_attention_block_call", REASON))
+      for a in ("num_kv_heads", "max_model_len", "window")],
+    *[("AttentionBlock", a, RAISES, lambda v, a=a: md.AttentionBlock(**bound_block_args(**{a: v})))
+      for a in ("num_kv_heads", "max_model_len", "window")],
+    *[("unsupported_attention_block", a, REASON,
+       lambda v, a=a: md.unsupported_attention_block(block_layer(), **{"max_model_len": 4096, a: v}))
+      for a in ("max_model_len", "max_reqs")],
     # the GPU
     *[(f, "device", RAISES, lambda v, f=f: getattr(md, f)(v)) for f in ("gpu_family", "sm90", "sm100_family",
                                                                           "supported_gpu")],
@@ -299,6 +346,9 @@ def test_the_integers_themselves_still_pass():
     with pytest.raises(ValueError, match=r"^tile_n must be one of 8, 16, 32, 64, 128, 256, got 1$"):
         md.metadata_size(1)
     assert md.unsupported_attn2(fake_attn_layer(head_dim=1)) == "head_dim 1 (the kernel has 64)"
+    assert md.attention_block_splits(1, 2, 32768, 0) == 66
+    assert md.attention_block_supports_kv_heads(1) is False
+    assert md.unsupported_attention_block(block_layer(), 4096, 0) == "max_reqs 0 (the block serves 1 to 8 requests)"
 
 
 # ---- numbers ---------------------------------------------------------------------------------
@@ -336,6 +386,12 @@ def test_a_switch_still_takes_a_bool():
     assert md.unsupported_qkv_front_call(**front_args(pdl=True)) is None
 
 
+def test_the_good_block_arguments_pass():
+    """The calls above with a bool in one place, without it: no reason."""
+    assert md.unsupported_attention_block_call(**block_args()) is None
+    assert md.unsupported_attention_block(block_layer(), 4096, 1) is None
+
+
 # ---- the modules that import PyTorch ---------------------------------------------------------
 
 def torch_module_cases():
@@ -361,6 +417,7 @@ def torch_module_cases():
         (layer, "MuseSparkAttentionRouting.plan", "num_tokens", lambda v: model.plan(v, 1, "cpu")),
         (layer, "MuseSparkAttentionRouting.plan", "num_reqs", lambda v: model.plan(8, v, "cpu")),
         (layer, "MuseSparkAttentionRouting.prepare", "num_reqs", lambda v: model.prepare(v)),
+        (layer, "MuseSparkAttentionRouting.unsupported_block", "num_reqs", lambda v: model.unsupported_block(v)),
         (stock, "routing_metadata", "local_expert_offset", lambda v: stock.routing_metadata(None, v, 32, 64, None)),
         (stock, "routing_metadata", "num_local_experts", lambda v: stock.routing_metadata(None, 0, v, 64, None)),
         (stock, "routing_metadata", "tile_n", lambda v: stock.routing_metadata(None, 0, 32, v, None)),

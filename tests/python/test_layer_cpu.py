@@ -101,10 +101,14 @@ def test_planner(monkeypatch):
     assert layer.plan(8, 1, "cpu") == L.Plan(False, False, False, False, "not an SM90/SM100 GPU")
     monkeypatch.setattr(L, "supported_gpu", lambda device=-1: True)
     monkeypatch.setattr(layer, "unsupported", lambda: None)
-    assert layer.plan(8, 1, "cuda:0") == L.Plan(True, True, True, True)
-    assert layer.plan(16, 2, "cuda:0") == L.Plan(True, True, True, False)  # route takes at most 8 tokens
-    assert layer.plan(24, 3, "cuda:0") == L.Plan(False, True, True, False)  # qkv_front takes at most 16
-    assert layer.plan(72, 9, "cuda:0") == L.Plan(False, True, False, False)  # o_proj takes at most 64 rows
+    # attention_block takes the attention of 1 to 8 requests; the three ops' flags say where a refused call goes.
+    too_many = "max_reqs 9 (the block serves 1 to 8 requests)"
+    monkeypatch.setattr(layer, "unsupported_block", lambda num_reqs: None if num_reqs <= 8 else too_many)
+    assert layer.plan(8, 1, "cuda:0") == L.Plan(True, True, True, True, block=True)
+    assert layer.plan(16, 2, "cuda:0") == L.Plan(True, True, True, False, block=True)  # route takes at most 8 tokens
+    assert layer.plan(24, 3, "cuda:0") == L.Plan(False, True, True, False, block=True)  # qkv_front takes at most 16
+    assert layer.plan(72, 9, "cuda:0") == L.Plan(False, True, False, False,  # o_proj takes at most 64 rows
+                                                 block_reason=too_many)
     assert not layer.plan(5, 1, "cuda:0").attention  # not a verify step
     assert not layer.plan(512, 1, "cuda:0").front  # prefill
     monkeypatch.setattr(layer, "unsupported", lambda: "head_dim 128 (the kernel has 64)")
@@ -128,7 +132,7 @@ def test_layer_stock_step_on_cpu():
 def test_torch_library_ops_are_registered():
     import muse_decode.torch_ops  # noqa: F401
 
-    for name in ("route", "attn2", "qkv_front"):
+    for name in ("route", "attn2", "qkv_front", "o_proj", "attention_block"):
         assert hasattr(torch.ops.muse_decode, name), name
     schema = str(torch.ops.muse_decode.route.default._schema)
     assert "Tensor(a" in schema and "!" in schema  # outputs marked mutated

@@ -6,7 +6,9 @@ the fused step's own q, gate and cache: relative RMS <= 5e-3; chained, bf16
 rounding of q moves peaked softmaxes further), the hidden state after the
 residual against the stock step's, the cache rows, and the routing against
 the formula on the step's own logits; and the whole fused step captured in
-one CUDA graph replays correctly with new tokens and lengths."""
+one CUDA graph replays correctly with new tokens and lengths. These tests
+run the three ops (THREE_OPS, the path of a call attention_block refuses);
+the layer's attention through attention_block is test_attention_block_gpu's."""
 
 import pytest
 
@@ -18,6 +20,7 @@ from muse_decode import stock  # noqa: E402
 pytestmark = pytest.mark.gpu
 MAX_LEN, PAGES = 8192, 600
 STOCK = L.Plan(False, False, False, False, "forced")
+THREE_OPS = L.Plan(True, True, True, True)  # the planner's choice for 8 rows, attention_block left out
 
 
 def rel_rms_rows(a, b):
@@ -56,8 +59,8 @@ def test_fused_step_matches_stock(layer_idx):
     layer = L.MuseSparkAttentionRouting(layer_idx, MAX_LEN, tp_rank=0, tp_size=8, device="cuda")
     assert layer.unsupported() is None
     layer.prepare(num_reqs=1)
-    plan = layer.plan(8, 1, "cuda")
-    assert plan == L.Plan(True, True, True, True)
+    assert layer.plan(8, 1, "cuda") == L.Plan(True, True, True, True, block=True)  # TP8: the block serves it
+    plan = THREE_OPS
     cache_f = L.paged_cache(PAGES, layer.num_kv_heads, "cuda")
     cache_s = cache_f.clone()
     x, pos, slots, table, lens = L.verify_step_inputs([4100], MAX_LEN, PAGES, "cuda")
@@ -74,7 +77,7 @@ def test_fused_step_matches_stock(layer_idx):
 def test_whole_step_in_one_graph():
     layer = L.MuseSparkAttentionRouting(0, MAX_LEN, tp_rank=0, tp_size=8, device="cuda", seed=3)
     layer.prepare(num_reqs=1)
-    plan = layer.plan(8, 1, "cuda")
+    plan = THREE_OPS
     cache = L.paged_cache(PAGES, layer.num_kv_heads, "cuda", seed=3)
     x, pos, slots, table, lens = L.verify_step_inputs([3000], MAX_LEN, PAGES, "cuda", seed=3)
     meta = layer.new_metadata()
