@@ -37,6 +37,9 @@ RECORD_WORDS, STAMP_WORDS, SM, CTA, SEQ, TAG = 32, 24, 24, 25, 26, 27
 PHASES = {
     "qkv_front": ["enter", "init synced", "past the wait", "loop done", "exit"],  # src/qkv_front/config.cuh
     "o_proj": ["enter", "init synced", "weight held", "first x landed", "loop done", "exit"],  # src/o_proj/config.cuh
+    "attention_block": [  # src/attention_block/config.cuh
+        "enter", "front loop done", "front done", "heads ready", "Q staged", "keys done", "slice published", "slices ready", "merged", "x landed", "exit",
+    ],
     "attn2": [  # src/attn2/config.cuh
         "enter", "init synced", "L arrived", "scheduled", "first tile ids", "early copies issued", "past the wait",
         "all issued", "Q staged", "first tile landed", "first scores", "first softmax", "second tile landed",

@@ -546,6 +546,7 @@ class Timer {
 extern "C" int muse_decode_dump_attn2_trace(const char* path) __attribute__((weak));
 extern "C" int muse_decode_dump_qkv_front_trace(const char* path) __attribute__((weak));
 extern "C" int muse_decode_dump_o_proj_trace(const char* path) __attribute__((weak));
+extern "C" int muse_decode_dump_attention_block_trace(const char* path) __attribute__((weak));
 
 void dump_trace(int (*dump)(const char*), const std::string& what, const Deployment& d) {
   const char* dir = std::getenv("MUSE_DECODE_TRACE_DIR");
@@ -641,6 +642,7 @@ void time_attention_block(const Deployment& d, const Shape& s, const FusedOps& f
   if (!r.skipped.empty()) return;
   note(d, "timing attention_block");
   r.us = timer.us(op_calls(d, s), [&](int i) { fused.block(i); });
+  dump_trace(muse_decode_dump_attention_block_trace, "attention_block", d);
   r.bytes = chain.bytes;
   r.unfused_us = chain.unfused_us;
   const double alone = results[kFront].us + results[kAttn].us + results[kOProj].us;

@@ -32,6 +32,7 @@
 #include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
 #include "../common/swizzle.cuh"
+#include "../common/trace.cuh"
 #include "config.cuh"
 #include "front.cuh"
 #include "params.h"
@@ -40,6 +41,7 @@ namespace muse_decode::attention_block_impl {
 
 using KeyRing = pipeline::Ring<kKeyStages, attn2_impl::kStageBytes, pipeline::Wait::kSpin>;
 inline constexpr int kPartialFloats = 2 + kHeadDim;  // per row: m, l, O
+inline constexpr int kMergeBatch = 8;                 // slices whose partial rows a merging warp loads at once
 
 // Waits (every thread) until counter `word` reaches `target`: thread 0 polls
 // with acquire loads, the CTA's barrier passes what it saw to the others.
@@ -146,7 +148,7 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
-                             uint32_t* counters, int& fills, int warp, int lane) {
+                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace) {
   using namespace attn2_impl;
   const SliceKeys sk = SliceKeys::of(p, s);
   const int prefetch = sk.groups < kKeyStages ? sk.groups : kKeyStages;
@@ -162,6 +164,7 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
   // The pair's q, k and v heads written (and the cache rows of k and v).
   const int group = s.req * kVerifyLen / kTokenGroup;
   wait_count(counters, Counters::kHeadReady + group * p.num_kv_heads + s.kvh, kHeadsPerKvHead + 2);
+  if (fills == 0) trace.mark(Phase::kHeadsReady);
   if (warp == 0) {
     ptx::fence_proxy_async_global();  // the new keys, written by other CTAs, read by bulk copies
     while (issued < prefetch) copies.issue(issued++);
@@ -179,6 +182,7 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
     *reinterpret_cast<uint4*>(&s_q[r * kQStride + c * 8]) = v;
   }
   __syncthreads();
+  if (fills == 0) trace.mark(Phase::kQStaged);
 
   // The key loop (attn2's mma.sync loop with its group step).
   const int rw = warp % kRowWarps, kh = warp / kRowWarps;
@@ -203,6 +207,7 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
       copies.issue(it + kKeyStages);
     }
   }
+  if (fills == 0) trace.mark(Phase::kKeysDone);
   fills += sk.groups;
   st.reduce_row_sums();
   if (warp == 0 && __any_sync(0xFFFFFFFFu, copies.bad) && lane == 0) *s_bad = 1;
@@ -232,12 +237,13 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
     __threadfence();
     ptx::red_release_gpu_add(counters + Counters::kSlicesDone + s.pair, 1u);
   }
+  trace.mark(Phase::kSliceDone);
 }
 
 // One share's rows of its pair, merged over the pair's slices, normed, gated
 // and written as o_proj's x; then counted for the token group.
 __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, uint32_t* counters, int warp,
-                           int lane) {
+                           int lane, trace::Recorder<Phase>& trace) {
   using namespace attn2_impl;
   const int S = p.num_splits;
   const int r_begin = s.slice * kRows / S, r_end = (s.slice + 1) * kRows / S, rows = r_end - r_begin;
@@ -245,6 +251,7 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
   const int group = s.req * kVerifyLen / kTokenGroup;
   wait_count(counters, Counters::kSlicesDone + s.pair, static_cast<uint32_t>(S));
   wait_count(counters, Counters::kGateReady + group * p.num_kv_heads + s.kvh, kHeadsPerKvHead);
+  trace.mark(Phase::kSlicesReady);
 
   // Warps per row: all 8 for one row, fewer as rows grow; warp w takes
   // slices w % wpr, + wpr, ... of row slot w / wpr.
@@ -259,16 +266,30 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
     const int r = r0 + warp / wpr;
     softmax::State<2> acc;
     if (r < r_end) {
-      for (int j = sub; j < S; j += wpr) {
-        const float* row = slice_partial(p, s.pair, j) + r * kPartialFloats;
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(row));
-        const float2 o = __ldcg(reinterpret_cast<const float2*>(row + 2 + 2 * lane));
-        softmax::State<2> b;
-        b.m = ml.x;
-        b.l = ml.y;
-        b.o[0] = o.x;
-        b.o[1] = o.y;
-        acc.merge(b, kScaleLog2);
+      // In batches of kMergeBatch slices: every load of a batch in flight
+      // before its merges (the merges' chain alone is serial).
+      for (int j0 = sub; j0 < S; j0 += kMergeBatch * wpr) {
+        float2 ml[kMergeBatch], o[kMergeBatch];
+#pragma unroll
+        for (int b = 0; b < kMergeBatch; ++b) {
+          const int j = j0 + b * wpr;
+          if (j < S) {
+            const float* row = slice_partial(p, s.pair, j) + r * kPartialFloats;
+            ml[b] = __ldcg(reinterpret_cast<const float2*>(row));
+            o[b] = __ldcg(reinterpret_cast<const float2*>(row + 2 + 2 * lane));
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kMergeBatch; ++b) {
+          if (j0 + b * wpr < S) {
+            softmax::State<2> part;
+            part.m = ml[b].x;
+            part.l = ml[b].y;
+            part.o[0] = o[b].x;
+            part.o[1] = o[b].y;
+            acc.merge(part, kScaleLog2);
+          }
+        }
       }
     }
     if (wpr > 1) {

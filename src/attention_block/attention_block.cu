@@ -21,6 +21,7 @@
 #include "../common/launch.cuh"
 #include "../common/ptx.cuh"
 #include "../common/tensor_map.h"
+#include "../common/trace.cuh"
 #include "attention.cuh"
 #include "config.cuh"
 #include "front.cuh"
@@ -28,6 +29,9 @@
 #include "projection.cuh"
 
 namespace muse_decode::attention_block_impl {
+
+MUSE_DECODE_TRACE_RING(attention_block_trace)
+static_assert(static_cast<int>(Phase::kExit) < trace::kStampWords, "every phase has a stamp word");
 
 namespace {
 
@@ -45,6 +49,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
   __shared__ uint64_t x_bars[2];
   __shared__ int s_last, s_bad;
   __shared__ float4 s_states[kThreads];
+  trace::Recorder<Phase> trace(attention_block_trace());
+  trace.tag(gridDim.x);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
@@ -65,24 +71,27 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
   __syncthreads();
 
   // ---- the front ----
+  const qkv_front_impl::EpilogueSmem epi{reinterpret_cast<float*>(smem + kEpiYOffset),
+                                         reinterpret_cast<float*>(smem + kEpiRopeOffset),
+                                         reinterpret_cast<int64_t*>(smem + kEpiSlotOffset),
+                                         &front_bars[2 * kFrontStages]};
   if (warp == kCopyWarp) {
     if (lane == 0) produce_front(front_ring, {&maps.qkv_w, &maps.x8, &maps.x16}, p);
+  } else if (warp == kStagingWarp) {
+    qkv_front_impl::stage_epilogue_inputs(front_params(p, 0, ws + p.ws.qkv, ws + p.ws.front), epi, lane);
   } else if (warp < kMmaWarps) {
-    const qkv_front_impl::EpilogueSmem epi{reinterpret_cast<float*>(smem + kEpiYOffset),
-                                           reinterpret_cast<float*>(smem + kEpiRopeOffset),
-                                           reinterpret_cast<int64_t*>(smem + kEpiSlotOffset),
-                                           &front_bars[2 * kFrontStages]};
     pipeline::Position<kFrontStages> at;
     uint8_t* front_ws = ws + p.ws.front;
     void* qkv = ws + p.ws.qkv;
     for (int g = 0; g < num_groups(p); ++g, front_ws += p.ws.front_group_bytes) {
       if (group_tokens(p, g) <= 8)
-        consume_front_group<1>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane);
+        consume_front_group<1>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
       else
-        consume_front_group<2>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane);
+        consume_front_group<2>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
     }
   }
   __syncthreads();  // the front's ring and epilogue area are free
+  trace.mark(Phase::kFrontDone);
 
   // o_proj's weight, the first fills of its ring: it depends on nothing.
   const int w_total = w_fills(p);
@@ -97,13 +106,14 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
   int key_fills = 0;
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
-    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane);
+    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane, trace);
   }
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
-    if (s.valid) merge_rows(p, s, s_states, counters, warp, lane);
+    if (s.valid) merge_rows(p, s, s_states, counters, warp, lane, trace);
   }
   __syncthreads();  // the key stages are free for x
+  trace.mark(Phase::kMerged);
 
   // ---- o_proj ----
   if (warp == kCopyWarp) {
@@ -128,14 +138,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
     for (int share = blockIdx.x; share < kOutTiles; share += gridDim.x)
       for (int g = 0; g < num_groups(p); ++g, ++x_fill) {
         if (group_tokens(p, g) <= 8)
-          project_group<1>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane);
+          project_group<1>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane, trace);
         else
-          project_group<2>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane);
+          project_group<2>(w_ring, w_at, x_ring, x_fill, base + kXOffset, p, share, g, warp, lane, trace);
       }
   }
 
   // ---- the last CTA out leaves every counter at zero for the next launch ----
   __syncthreads();
+  trace.mark(Phase::kExit);
   if (threadIdx.x == 0) {
     __threadfence();
     const uint32_t before = atomicAdd(counters + Counters::kExit, 1u);

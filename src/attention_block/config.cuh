@@ -34,9 +34,11 @@ namespace muse_decode::attention_block_impl {
 inline constexpr int kWarps = 8;
 inline constexpr int kThreads = kWarps * 32;
 // front and o_proj: warps 0-3 multiply (qkv_front's consumer warps), warp 4
-// copies; attention and merge: all 8 (attn2's row warps and key halves).
+// copies, warp 5 stages the front's epilogue inputs; attention and merge:
+// all 8 (attn2's row warps and key halves).
 inline constexpr int kMmaWarps = qkv_front_impl::kConsumerWarps;
 inline constexpr int kCopyWarp = kMmaWarps;
+inline constexpr int kStagingWarp = kMmaWarps + 1;  // the front's first token group's cos|sin rows and slots
 static_assert(kMmaWarps == 4 && qkv_front_impl::kConsumerThreads == 128, "qkv_front's 4 consumer warps");
 static_assert(attn2_impl::kWarps == kWarps, "attn2's 8 warps: 4 row warps x 2 key halves");
 
@@ -56,17 +58,19 @@ static_assert(kFrontStageBytes % swizzle::kAtomBytes == 0, "128-byte swizzled bo
 
 // ---- o_proj's weight, then the attention's stages ---------------------------------
 // o_proj's share: 64 output columns (4 warps x m16) over K, in 8 KB blocks of
-// 64 columns of K, a ring of kWStages blocks from offset 0: all of K at TP8
-// (16 blocks, copied as the front ends), half of it at TP4.
+// 64 columns of K, a ring of kWStages blocks from offset 0, copied as the
+// front ends: 14 of TP8's 16 blocks (the last two follow as the first two
+// are multiplied), 14 of TP4's 32. 14 and not 16 leave room for a third key
+// stage: with two the keys streamed at 2.8 TB/s (TP8, 128k).
 inline constexpr int kOutTileCols = 64;
 inline constexpr int kOutTiles = kHiddenSize / kOutTileCols;  // 128
-inline constexpr int kWStages = 16;
+inline constexpr int kWStages = 14;
 inline constexpr int kWBlockBytes = qkv_front_impl::kWBytes;
-inline constexpr int kWRingBytes = kWStages * kWBlockBytes;  // 128 KB
+inline constexpr int kWRingBytes = kWStages * kWBlockBytes;  // 112 KB
 static_assert(kOutTiles <= kShares, "every o_proj tile has a share");
 
 // attn2's mma.sync stages (8 page slots each) and its Q tile, after the weight.
-inline constexpr int kKeyStages = 2;
+inline constexpr int kKeyStages = 3;
 inline constexpr int kKeyRingOffset = kWRingBytes;
 inline constexpr int kQTileOffset = kKeyRingOffset + kKeyStages * attn2_impl::kStageBytes;
 inline constexpr int kQTileBytes = attn2_impl::kRows * attn2_impl::kQStride * 2;
@@ -103,5 +107,22 @@ static_assert(Counters::kEnd <= kCounterWords, "the counters fit in the workspac
 static_assert(kMaxReqs * 4 <= Counters::kRowsDone - Counters::kSlicesDone, "a slice counter per (request, KV head)");
 static_assert((kMaxReqs * kVerifyLen / kTokenGroup) * 4 <= Counters::kGateReady - Counters::kHeadReady,
               "a ready counter per (token group, KV head)");
+
+// ---- instrumentation ------------------------------------------------------------------
+// The kernel's named phases (src/common/trace.cuh), stamped by thread 0; the
+// record's tag is the launch's CTA count.
+enum class Phase : int {
+  kEnter,
+  kFrontLoopDone,  // the CTA's last front block multiplied
+  kFrontDone,    // the CTA's front shares multiplied, merged and finished
+  kHeadsReady,   // (first slice) its KV head's q, k and v counted
+  kQStaged,      // (first slice) Q in shared memory
+  kKeysDone,     // (first slice) its last group multiplied
+  kSliceDone,    // (last slice) its partial published
+  kSlicesReady,  // (first merge) every slice of its pair published
+  kMerged,       // every merge of the CTA written
+  kXLanded,      // (first o_proj tile) x in shared memory
+  kExit,
+};
 
 }  // namespace muse_decode::attention_block_impl

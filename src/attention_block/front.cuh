@@ -18,6 +18,7 @@
 
 #include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
+#include "../common/trace.cuh"
 #include "../qkv_front/config.cuh"
 #include "../qkv_front/epilogue.cuh"
 #include "../qkv_front/mainloop.cuh"
@@ -132,16 +133,20 @@ inline __device__ void count_head(uint32_t* counters, const Params& p, int g, in
 template <int NT>
 __device__ void consume_front_group(const FrontRing& ring, pipeline::Position<kFrontStages>& at,
                                     const qkv_front_impl::EpilogueSmem& epi, int* s_last, const Params& p, int g,
-                                    void* qkv, uint8_t* front_ws, uint32_t* counters, int warp, int lane) {
+                                    void* qkv, uint8_t* front_ws, uint32_t* counters, int warp, int lane,
+                                    trace::Recorder<Phase>& trace) {
   using namespace qkv_front_impl;
   const Params& bp = p;
   const qkv_front_impl::Params fp = front_params(bp, g, qkv, front_ws);
-  // This group's cos|sin rows and slots (consumer warp 0), after the
-  // previous group's epilogues read theirs.
-  sync_consumers();
-  if (warp == 0) stage_epilogue_inputs(fp, epi, lane);
-  sync_consumers();
-  bool inputs_staged = true;
+  // This group's cos|sin rows and slots: group 0's from the staging warp
+  // (the first epilogue waits for them), a later group's from consumer warp
+  // 0 once the previous group's epilogues have read theirs.
+  bool inputs_staged = g > 0;
+  if (g > 0) {
+    sync_consumers();
+    if (warp == 0) stage_epilogue_inputs(fp, epi, lane);
+    sync_consumers();
+  }
   const FragRows rows = FragRows::of(warp, lane);
   const WorkspaceMerge<NT> merge(front_ws, qkv_tiles(bp));
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
@@ -152,6 +157,7 @@ __device__ void consume_front_group(const FrontRing& ring, pipeline::Position<kF
       Chains<NT, kStreamKChains> chains;
       zero_chains(chains);
       mma_blocks<Release::kAfterMma>(chains, ring, at, b, seg.end, rows, lane);
+      if (b == work.end) trace.mark(Phase::kFrontLoopDone);
       float acc[NT][4];
       sum_chains(chains, acc);
       if (!seg.whole && !merge.sum_if_last(acc, work, seg, s_last, threadIdx.x)) continue;

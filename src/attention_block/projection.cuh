@@ -15,6 +15,7 @@
 
 #include "../common/pipeline.cuh"
 #include "../common/ptx.cuh"
+#include "../common/trace.cuh"
 #include "../qkv_front/mainloop.cuh"
 #include "attention.cuh"
 #include "config.cuh"
@@ -24,6 +25,10 @@
 namespace muse_decode::attention_block_impl {
 
 using WRing = pipeline::Ring<kWStages, kWBlockBytes>;
+// Independent accumulators the 4 k-steps of a block alternate over (summed
+// in a fixed order after the loop): the weight is in shared memory, so the
+// loop is the MMAs' dependent chain alone.
+inline constexpr int kOutChains = 4;
 using XRing = pipeline::Ring<1, 0>;  // one x per token group in flight: its full and empty barriers
 
 inline __device__ int in_width(const Params& p) { return kHeadsPerKvHead * p.num_kv_heads * kHeadDim; }
@@ -74,12 +79,14 @@ inline __device__ void produce_x(const XRing& xr, uint32_t x_addr, const CUtenso
 // with NT n-tiles; w_at and x_fill run on over the CTA's fills.
 template <int NT>
 __device__ void project_group(const WRing& ring, pipeline::Position<kWStages>& w_at, const XRing& xr, int x_fill,
-                              uint32_t x_addr, const Params& p, int tile, int g, int warp, int lane) {
+                              uint32_t x_addr, const Params& p, int tile, int g, int warp, int lane,
+                              trace::Recorder<Phase>& trace) {
   using namespace qkv_front_impl;
   const pipeline::Position<1> xat = pipeline::Position<1>::of(x_fill);
   xr.wait(xat);
+  if (x_fill == 0) trace.mark(Phase::kXLanded);
   const FragRows rows = FragRows::of(warp, lane);
-  Chains<NT, 1> chains;
+  Chains<NT, kOutChains> chains;
   zero_chains(chains);
   for (int b = 0; b < w_blocks(p); ++b) {
     ring.wait(w_at);
