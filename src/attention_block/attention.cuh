@@ -147,8 +147,11 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
+// after_heads(): what the CTA copies once the heads are ready (o_proj's weight).
+template <typename AfterHeads>
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
-                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace) {
+                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace,
+                             AfterHeads&& after_heads) {
   using namespace attn2_impl;
   const SliceKeys sk = SliceKeys::of(p, s);
   const int prefetch = sk.groups < kKeyStages ? sk.groups : kKeyStages;
@@ -156,8 +159,10 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
   int issued = 0;
   if (warp == 0) {
     copies.start();
-    // Groups of older keys only: before the front's heads are ready.
-    while (issued < prefetch && sk.old(issued)) copies.issue(issued++);
+    // The first group, if it holds only older keys, before the front's heads
+    // are ready; no more: the CTAs whose front is not done yet (the slowest
+    // by 3 us) would wait behind the copies.
+    if (prefetch > 0 && sk.old(0)) copies.issue(issued++);
   }
   if (threadIdx.x == 0) *s_bad = 0;
 
@@ -165,6 +170,7 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
   const int group = s.req * kVerifyLen / kTokenGroup;
   wait_count(counters, Counters::kHeadReady + group * p.num_kv_heads + s.kvh, kHeadsPerKvHead + 2);
   if (fills == 0) trace.mark(Phase::kHeadsReady);
+  after_heads();
   if (warp == 0) {
     ptx::fence_proxy_async_global();  // the new keys, written by other CTAs, read by bulk copies
     while (issued < prefetch) copies.issue(issued++);
@@ -232,11 +238,8 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
                make_float2(st.o[nt][2 * h], st.o[nt][2 * h + 1]));
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    ptx::red_release_gpu_add(counters + Counters::kSlicesDone + s.pair, 1u);
-  }
+  __syncthreads();  // every thread's stores before thread 0's release
+  if (threadIdx.x == 0) ptx::red_release_gpu_add(counters + Counters::kSlicesDone + s.pair, 1u);
   trace.mark(Phase::kSliceDone);
 }
 
@@ -249,9 +252,8 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
   const int r_begin = s.slice * kRows / S, r_end = (s.slice + 1) * kRows / S, rows = r_end - r_begin;
   if (rows == 0) return;
   const int group = s.req * kVerifyLen / kTokenGroup;
-  wait_count(counters, Counters::kSlicesDone + s.pair, static_cast<uint32_t>(S));
+  // The gate heads (long written by now), then the slices.
   wait_count(counters, Counters::kGateReady + group * p.num_kv_heads + s.kvh, kHeadsPerKvHead);
-  trace.mark(Phase::kSlicesReady);
 
   // Warps per row: all 8 for one row, fewer as rows grow; warp w takes
   // slices w % wpr, + wpr, ... of row slot w / wpr.
@@ -262,8 +264,18 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(ws + p.ws.qkv);
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p.workspace) + p.ws.attn_out);
   const int gate_col = (kHeadsPerKvHead + 2) * p.num_kv_heads * kHeadDim;
+  // This warp's first row's gate columns, loaded before the slices' wait.
+  const auto gate_of = [&](int r) {
+    const int t = s.req * kVerifyLen + r % kVerifyLen, head = s.kvh * kHeadsPerKvHead + r / kVerifyLen;
+    return __ldcg(reinterpret_cast<const unsigned int*>(qkv + int64_t{t} * n + gate_col + head * kHeadDim + 2 * lane));
+  };
+  uint32_t gate_next = (r_begin + warp / wpr < r_end) ? gate_of(r_begin + warp / wpr) : 0u;
+  wait_count(counters, Counters::kSlicesDone + s.pair, static_cast<uint32_t>(S));
+  trace.mark(Phase::kSlicesReady);
   for (int r0 = r_begin; r0 < r_end; r0 += slots) {
     const int r = r0 + warp / wpr;
+    const uint32_t g = gate_next;
+    if (r + slots < r_end) gate_next = gate_of(r + slots);
     softmax::State<2> acc;
     if (r < r_end) {
       // In batches of kMergeBatch slices: every load of a batch in flight
@@ -311,18 +323,13 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
     if (sub == 0 && r < r_end) {
       const int t = s.req * kVerifyLen + r % kVerifyLen;
       const int head = s.kvh * kHeadsPerKvHead + r / kVerifyLen;
-      const uint32_t g = __ldcg(reinterpret_cast<const unsigned int*>(qkv + int64_t{t} * n + gate_col +
-                                                                      head * kHeadDim + 2 * lane));
       const float2 gv = ptx::unpack_bf16(g);
       const float sg[2] = {1.0f / (1.0f + __expf(-gv.x)), 1.0f / (1.0f + __expf(-gv.y))};
       finish_row<32, 2>(acc.o, acc.l, sg, x + int64_t{t} * k_width + head * kHeadDim + 2 * lane);
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    ptx::red_release_gpu_add(counters + Counters::kRowsDone + group, static_cast<uint32_t>(rows));
-  }
+  __syncthreads();  // every thread's stores before thread 0's release
+  if (threadIdx.x == 0) ptx::red_release_gpu_add(counters + Counters::kRowsDone + group, static_cast<uint32_t>(rows));
 }
 
 }  // namespace muse_decode::attention_block_impl

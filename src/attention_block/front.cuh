@@ -113,8 +113,9 @@ inline __device__ void produce_front(const FrontRing& ring, const FrontMaps& map
 }
 
 // Counts head `tile` of token group g as written (thread 0 of the consumers,
-// after the epilogue's last barrier): q, k and v heads on the KV head's ready
-// counter, gate heads on its gate counter.
+// after the epilogue's last barrier, which orders the 4 warps' stores before
+// this release): q, k and v heads on the KV head's ready counter, gate heads
+// on its gate counter.
 inline __device__ void count_head(uint32_t* counters, const Params& p, int g, int tile) {
   const int kvh = p.num_kv_heads, q_heads = kHeadsPerKvHead * kvh;
   int word;
@@ -124,7 +125,6 @@ inline __device__ void count_head(uint32_t* counters, const Params& p, int g, in
     word = Counters::kHeadReady + g * kvh + (tile - q_heads) % kvh;
   else
     word = Counters::kGateReady + g * kvh + (tile - q_heads - 2 * kvh) / kHeadsPerKvHead;
-  __threadfence();
   ptx::red_release_gpu_add(counters + word, 1u);
 }
 

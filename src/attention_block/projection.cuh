@@ -88,14 +88,27 @@ __device__ void project_group(const WRing& ring, pipeline::Position<kWStages>& w
   const FragRows rows = FragRows::of(warp, lane);
   Chains<NT, kOutChains> chains;
   zero_chains(chains);
-  for (int b = 0; b < w_blocks(p); ++b) {
-    ring.wait(w_at);
-    BlockFrags<NT> f;
-    load_block(f, ring.stage_addr(w_at), x_addr + b * kXBoxBytes, rows);
-    mma_frags(chains, f);
+  // Block b + 1's fragments load while block b's MMAs run (two fragment
+  // sets, the loop unrolled by two so that both stay in registers).
+  const int nb = w_blocks(p);
+  BlockFrags<NT> f0, f1;
+  ring.wait(w_at);
+  load_block(f0, ring.stage_addr(w_at), x_addr, rows);
+  const auto step = [&](int b, BlockFrags<NT>& cur, BlockFrags<NT>& nxt) {
+    pipeline::Position<kWStages> next = w_at;
+    next.advance();
+    if (b + 1 < nb) {
+      ring.wait(next);
+      load_block(nxt, ring.stage_addr(next), x_addr + (b + 1) * kXBoxBytes, rows);
+    }
+    mma_frags(chains, cur);
     __syncwarp();
     if (lane == 0) ring.release(w_at);
-    w_at.advance();
+    w_at = next;
+  };
+  for (int b = 0; b < nb; b += 2) {  // nb is even: 16 or 32 blocks
+    step(b, f0, f1);
+    step(b + 1, f1, f0);
   }
   __syncwarp();
   if (lane == 0) xr.release(xat);
