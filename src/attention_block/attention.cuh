@@ -147,11 +147,8 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
-// after_heads(): what the CTA copies once the heads are ready (o_proj's weight).
-template <typename AfterHeads>
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
-                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace,
-                             AfterHeads&& after_heads) {
+                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace) {
   using namespace attn2_impl;
   const SliceKeys sk = SliceKeys::of(p, s);
   const int prefetch = sk.groups < kKeyStages ? sk.groups : kKeyStages;
@@ -159,10 +156,8 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
   int issued = 0;
   if (warp == 0) {
     copies.start();
-    // The first group, if it holds only older keys, before the front's heads
-    // are ready; no more: the CTAs whose front is not done yet (the slowest
-    // by 3 us) would wait behind the copies.
-    if (prefetch > 0 && sk.old(0)) copies.issue(issued++);
+    // Groups of older keys only: before the front's heads are ready.
+    while (issued < prefetch && sk.old(issued)) copies.issue(issued++);
   }
   if (threadIdx.x == 0) *s_bad = 0;
 
@@ -170,7 +165,6 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
   const int group = s.req * kVerifyLen / kTokenGroup;
   wait_count(counters, Counters::kHeadReady + group * p.num_kv_heads + s.kvh, kHeadsPerKvHead + 2);
   if (fills == 0) trace.mark(Phase::kHeadsReady);
-  after_heads();
   if (warp == 0) {
     ptx::fence_proxy_async_global();  // the new keys, written by other CTAs, read by bulk copies
     while (issued < prefetch) copies.issue(issued++);

@@ -93,34 +93,23 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
   __syncthreads();  // the front's ring and epilogue area are free
   trace.mark(Phase::kFrontDone);
 
-  // o_proj's weight, the first fills of its ring: it depends on nothing, but
-  // copies once the CTA's first heads are ready (or, without a slice, all
-  // of the first group's), not at the CTA's front end: issued there, 28 MB
-  // of weight and keys queued ahead of the slowest CTAs' last front blocks
-  // and merges and held them back 5.8 us (TP8 32k).
+  // o_proj's weight, the first fills of its ring: it depends on nothing, so
+  // it copies as the CTA's front ends. Its 16.8 MB then share the memory with
+  // the slowest CTAs' last front blocks (those end 2 us later for it, TP8);
+  // copied after the heads instead, they delay the keys and Q by as much.
   const int w_total = w_fills(p);
   const int w_early = w_total < kWStages ? w_total : kWStages;
-  bool w_issued = false;
-  const auto issue_weight = [&] {
-    if (w_issued) return;
-    w_issued = true;
-    if (threadIdx.x == kCopyWarp * 32) {
-      ptx::fence_proxy_async_smem();
-      ptx::prefetch_tensor_map(&maps.o_w);
-      produce_weight(w_ring, &maps.o_w, p, 0, w_early);
-    }
-  };
+  if (threadIdx.x == kCopyWarp * 32) {
+    ptx::fence_proxy_async_smem();
+    ptx::prefetch_tensor_map(&maps.o_w);
+    produce_weight(w_ring, &maps.o_w, p, 0, w_early);
+  }
 
   // ---- the attention: every share's slice, then every share's rows ----
   int key_fills = 0;
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
-    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane, trace, issue_weight);
-  }
-  if (!w_issued) {
-    for (int kvh = 0; kvh < p.num_kv_heads; ++kvh)
-      wait_count(counters, Counters::kHeadReady + kvh, kHeadsPerKvHead + 2);
-    issue_weight();
+    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane, trace);
   }
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
