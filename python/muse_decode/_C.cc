@@ -27,7 +27,8 @@ NB_MODULE(_C, m) {
   m.def(
       "unavailable", [](nb::handle kernel) { return unavailable(python::str_arg(kernel, "kernel")); },
       nb::sig("def unavailable(kernel: str) -> str"), "kernel"_a.none(),
-      "The reason a deployment whose GPUs cannot run `kernel` (\"route\", \"attn2\", \"qkv_front\" or \"o_proj\") is\n"
+      "The reason a deployment whose GPUs cannot run `kernel` (\"route\", \"attn2\", \"qkv_front\", \"o_proj\" or\n"
+      "\"attention_block\") is "
       "refused. ValueError for any other name.");
   m.def("built_with_cuda", &built_with_cuda);
   m.def(

@@ -37,7 +37,7 @@ bool supported_family(GpuFamily family) {
 
 // The ops unavailable() answers for: every op of the library, in the order an
 // unknown name's refusal lists them.
-constexpr const char* kKernels[] = {"route", "attn2", "qkv_front", "o_proj"};
+constexpr const char* kKernels[] = {"route", "attn2", "qkv_front", "o_proj", "attention_block"};
 
 std::string unavailable(const std::string& kernel) {
   for (const char* k : kKernels)

@@ -22,14 +22,16 @@ TEST(Arch, UnavailableNamesTheKernel) {
   EXPECT_EQ(md::unavailable("qkv_front"),
             "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (qkv_front)");
   EXPECT_EQ(md::unavailable("o_proj"), "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (o_proj)");
+  EXPECT_EQ(md::unavailable("attention_block"),
+            "GPUs other than SM90 (H100/H200) or the SM100 family (B200/B300) (attention_block)");
 }
 
 TEST(Arch, UnavailableRefusesAnUnknownKernel) {
   EXPECT_EQ(error_of([] { md::unavailable("bogus"); }),
-            "kernel must be one of route, attn2, qkv_front, o_proj, got 'bogus'");
-  EXPECT_EQ(error_of([] { md::unavailable(""); }), "kernel must be one of route, attn2, qkv_front, o_proj, got ''");
+            "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got 'bogus'");
+  EXPECT_EQ(error_of([] { md::unavailable(""); }), "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got ''");
   EXPECT_EQ(error_of([] { md::unavailable("attn2 "); }),
-            "kernel must be one of route, attn2, qkv_front, o_proj, got 'attn2 '");
+            "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got 'attn2 '");
 }
 
 TEST(Arch, DeviceQueriesRefuseANegativeOrdinal) {

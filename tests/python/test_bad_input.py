@@ -221,9 +221,9 @@ def test_prepare_names_the_op_once_and_says_what_it_found(op):
 @pytest.mark.parametrize(
     "kernel, message",
     [
-        ("bogus", "kernel must be one of route, attn2, qkv_front, o_proj, got 'bogus'"),
-        ("", "kernel must be one of route, attn2, qkv_front, o_proj, got ''"),
-        ("ATTN2", "kernel must be one of route, attn2, qkv_front, o_proj, got 'ATTN2'"),
+        ("bogus", "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got 'bogus'"),
+        ("", "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got ''"),
+        ("ATTN2", "kernel must be one of route, attn2, qkv_front, o_proj, attention_block, got 'ATTN2'"),
         (None, "kernel must be a string, got NoneType"),
         (3, "kernel must be a string, got int"),
         (object(), "kernel must be a string, got object"),
