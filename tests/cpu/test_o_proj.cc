@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "check_util.h"
+#include "random_inputs.h"
 
 #include <cmath>
 #include <cstdint>
@@ -308,12 +309,7 @@ TEST(OProjDevice, TheBoundFormChecksItsWeightThenPrepares) {
 // Reference.
 
 namespace {
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& e : v) e = md::reference::float_to_bf16_bits(u(rng));
-  return v;
-}
+using muse_decode::testing::random_bf16;
 }  // namespace
 
 // The fp32 reference against sum_k x[t, k] w[n, k] in double: within the

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "check_util.h"
+#include "random_inputs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -503,23 +504,9 @@ TEST(QkvFrontDevice, TheBoundFormChecksItsTensorsThenPrepares) {
 // Reference.
 
 namespace {
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> v(n);
-  for (auto& e : v) e = md::reference::float_to_bf16_bits(u(rng));
-  return v;
-}
+using muse_decode::testing::random_bf16;
 
-std::vector<float> rope_table(int max_pos) {
-  std::vector<float> t(static_cast<size_t>(max_pos) * 64);
-  for (int p = 0; p < max_pos; ++p)
-    for (int j = 0; j < 32; ++j) {
-      const double inv_freq = std::pow(md::kRopeTheta, -2.0 * j / 64.0);
-      t[p * 64 + j] = static_cast<float>(std::cos(p * inv_freq));
-      t[p * 64 + 32 + j] = static_cast<float>(std::sin(p * inv_freq));
-    }
-  return t;
-}
+using muse_decode::testing::rope_table;
 }  // namespace
 
 TEST(QkvFrontReference, Bf16Conversion) {

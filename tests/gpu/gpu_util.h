@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -17,6 +18,19 @@
       GTEST_SKIP() << "needs an SM90 or SM100 GPU; this machine has: "                      \
                    << muse_decode::describe_device();                                        \
   } while (0)
+
+// SplitMix64: the random inputs of the qkv_front and attention_block tests.
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+};
 
 template <typename T>
 class DeviceBuffer {

@@ -68,17 +68,6 @@ constexpr int64_t kOutColumn = 32;             // out's view starts at column 32
 float bf16f(uint16_t b) { return md::reference::bf16_bits_to_float(b); }
 uint16_t bf16(float f) { return md::reference::float_to_bf16_bits(f); }
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-};
 
 // Runs f(i) for i in [0, n) on the host's cores.
 template <typename F>
@@ -137,7 +126,7 @@ struct Weights {
     auto fill = [](std::vector<uint16_t>& v, size_t count, float scale, uint64_t seed) {
       v.resize(count);
       parallel_for(64, [&](int part) {
-        Rng r{seed + 977ull * (part + 1)};
+        SplitMix r{seed + 977ull * (part + 1)};
         for (size_t k = part; k < count; k += 64) v[k] = bf16(scale * r.uniform());
       });
     };
@@ -184,7 +173,7 @@ struct Problem {
   const Weights& w;
   int kvh, n, k_in, reqs, T, mml, window, splits, max_pages, num_pages;
   bool rope;
-  Rng rng;
+  SplitMix rng;
   std::vector<int32_t> lens, table;
   std::vector<int64_t> positions, slots;
   std::vector<uint16_t> x, cache;  // cache: as it is before a call
@@ -775,7 +764,7 @@ TEST_F(AttentionBlockGpu, GraphReplayWithNewLengthsAndPositions) {
     md::attention_block(p.args(), p.st());
     CUDA_OK(cudaStreamEndCapture(p.stream, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    Rng pick{77};
+    SplitMix pick{77};
     for (int round = 0; round < 4; ++round) {
       SCOPED_TRACE(::testing::Message() << "replay " << round);
       std::vector<int> lens(3);

@@ -34,17 +34,6 @@ constexpr uint16_t kOutPoison = 0xFFFF;    // a bf16 NaN
 constexpr uint16_t kCachePoison = 0xFFC1;  // another NaN, so cache and out poison differ
 constexpr double kTolerance = 5e-3;
 
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }  // [-1, 1)
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-};
 
 std::vector<float> rope_table() {
   std::vector<float> t(static_cast<size_t>(kMaxPos) * 64);
@@ -62,7 +51,7 @@ std::vector<float> rope_table() {
 struct Front {
   int kvh, n;
   int64_t out_stride;
-  Rng rng;
+  SplitMix rng;
   std::vector<uint16_t> w_host, x_host;
   std::vector<float> table = rope_table();
   std::vector<double> y_proj;  // [16, n]
@@ -96,7 +85,7 @@ struct Front {
     std::vector<std::thread> pool;
     for (int i = 0; i < threads; ++i)
       pool.emplace_back([this, i, threads] {
-        Rng r{rng.s + 977ull * (i + 1)};
+        SplitMix r{rng.s + 977ull * (i + 1)};
         for (size_t k = i; k < w_host.size(); k += threads)
           w_host[k] = md::reference::float_to_bf16_bits(0.02f * r.uniform());
       });
