@@ -35,6 +35,7 @@
 #include "../common/trace.cuh"
 #include "config.cuh"
 #include "front.cuh"
+#include "muse_decode/o_proj.h"
 #include "params.h"
 
 namespace muse_decode::attention_block_impl {
@@ -46,9 +47,7 @@ inline constexpr int kMergeBatch = 8;                 // slices whose partial ro
 // Waits (every thread) until counter `word` reaches `target`: thread 0 polls
 // with acquire loads, the CTA's barrier passes what it saw to the others.
 inline __device__ void wait_count(const uint32_t* counters, int word, uint32_t target) {
-  if (threadIdx.x == 0)
-    while (ptx::ld_acquire_gpu(counters + word) < target) {
-    }
+  if (threadIdx.x == 0) ptx::wait_at_least(counters + word, target);
   __syncthreads();
 }
 
@@ -128,14 +127,7 @@ struct SliceCopies {
     const pipeline::Position<kKeyStages> at = pipeline::Position<kKeyStages>::of(base + j);
     const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const bool want = lane < attn2_impl::kGroupPages && sk.first_page_of(j) + lane <= sk.k.last_page;
-    const bool ok = want && id >= 0 && id < p.num_pages;
-    bad |= want && !ok;
-    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-    if (lane == 0) ring.arm(at, __popc(ok_mask) * attn2_impl::kPageBytes);
-    __syncwarp();
-    if (ok)
-      ptx::bulk_copy_g2s(ring.stage_addr(at) + lane * attn2_impl::kSlotBytes, kv + id * page_pitch,
-                         attn2_impl::kPageBytes, ring.full_bar(at), policy);
+    attn2_impl::copy_group(ring, at, id, want, p.num_pages, kv, page_pitch, policy, lane, bad);
   }
 };
 
@@ -172,7 +164,7 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
 
   // Q: row r = head (r / 8) x token (r % 8) of this KV head, from the projection.
   __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem + kQTileOffset);
-  const int n = qkv_width(p);
+  const int n = qkv_width(p.num_kv_heads);
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(static_cast<uint8_t*>(p.workspace) + p.ws.qkv);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -221,14 +213,16 @@ __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, c
     merge_second_half(st, xchg);
     if (sk.k.broken || *s_bad != 0) st.l[0] = st.l[1] = NAN;  // a contract break: the rows come out NaN
     float* part = slice_partial(p, s.pair, s.slice);
-    const int r0 = rw * 16 + lane / 4;
+    // The accumulator layout: rows lane / 4 and + 8 of the warp's 16, columns
+    // 2 (lane % 4) and + 1 of each n-tile of 8.
+    const int r0 = rw * 16 + lane / 4, c0 = (lane % 4) * 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float* row = part + (r0 + 8 * h) * kPartialFloats;
       if (lane % 4 == 0) __stcg(reinterpret_cast<float2*>(row), make_float2(st.m[h], st.l[h]));
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
-        __stcg(reinterpret_cast<float2*>(row + 2 + nt * 8 + slot_lo),
+        __stcg(reinterpret_cast<float2*>(row + 2 + nt * 8 + c0),
                make_float2(st.o[nt][2 * h], st.o[nt][2 * h + 1]));
     }
   }
@@ -253,7 +247,7 @@ __device__ void merge_rows(const Params& p, const SliceOf& s, float4* s_states, 
   // slices w % wpr, + wpr, ... of row slot w / wpr.
   const int wpr = rows >= 8 ? 1 : rows >= 4 ? 2 : rows >= 2 ? 4 : 8;
   const int slots = kWarps / wpr, sub = warp % wpr;
-  const int n = qkv_width(p), k_width = kHeadsPerKvHead * p.num_kv_heads * kHeadDim;
+  const int n = qkv_width(p.num_kv_heads), k_width = o_proj_in_width(p.num_kv_heads);
   const uint8_t* ws = static_cast<const uint8_t*>(p.workspace);
   const __nv_bfloat16* qkv = reinterpret_cast<const __nv_bfloat16*>(ws + p.ws.qkv);
   __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(p.workspace) + p.ws.attn_out);

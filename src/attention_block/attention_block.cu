@@ -25,6 +25,7 @@
 #include "attention.cuh"
 #include "config.cuh"
 #include "front.cuh"
+#include "muse_decode/o_proj.h"
 #include "params.h"
 #include "projection.cuh"
 
@@ -165,8 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
 struct MapSite {};
 bool make_maps(const Params& p, Maps* m) {
   const int T = p.num_reqs * kVerifyLen;
-  const int n = 2 * (kHeadsPerKvHead + 1) * p.num_kv_heads * kHeadDim;
-  const int k = kHeadsPerKvHead * p.num_kv_heads * kHeadDim;
+  const int n = qkv_width(p.num_kv_heads), k = o_proj_in_width(p.num_kv_heads);
   const void* attn_out = static_cast<const uint8_t*>(p.workspace) + p.ws.attn_out;
   return tma::cached<MapSite, 8>(&m->qkv_w, tma::bf16_rows(p.qkv_weight, n, kHiddenSize, kHiddenSize, 64)) &&
          tma::cached<MapSite, 8>(&m->x8, tma::bf16_rows(p.x, T, kHiddenSize, p.x_stride, 8)) &&

@@ -39,8 +39,9 @@ inline __device__ int group_tokens(const Params& p, int g) {
   const int left = num_tokens(p) - g * kTokenGroup;
   return left < kTokenGroup ? left : kTokenGroup;
 }
+// The projection's heads of 64 rows (qkv_front's tiles): 8 q and 8 gate
+// heads per KV head, and its k and v.
 inline __device__ int qkv_tiles(const Params& p) { return 2 * (kHeadsPerKvHead + 1) * p.num_kv_heads; }
-inline __device__ int qkv_width(const Params& p) { return qkv_tiles(p) * kHeadDim; }
 
 // Share s's run of the front's blocks, as qkv_front's stream-K work of a grid
 // of kShares CTAs.
@@ -69,8 +70,8 @@ inline __device__ qkv_front_impl::Params front_params(const Params& p, int g, vo
   f.slot_mapping = p.slot_mapping + t0;
   f.kv_cache = p.kv_cache;
   f.num_slots = int64_t{p.num_pages} * kPageSize;
-  f.out = static_cast<__nv_bfloat16*>(qkv) + int64_t{t0} * qkv_width(p);
-  f.out_stride = qkv_width(p);
+  f.out = static_cast<__nv_bfloat16*>(qkv) + int64_t{t0} * qkv_width(p.num_kv_heads);
+  f.out_stride = qkv_width(p.num_kv_heads);
   f.workspace = front_ws;
   f.num_tokens = group_tokens(p, g);
   f.num_kv_heads = p.num_kv_heads;

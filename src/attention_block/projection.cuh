@@ -20,6 +20,7 @@
 #include "attention.cuh"
 #include "config.cuh"
 #include "front.cuh"
+#include "muse_decode/o_proj.h"
 #include "params.h"
 
 namespace muse_decode::attention_block_impl {
@@ -31,8 +32,7 @@ using WRing = pipeline::Ring<kWStages, kWBlockBytes>;
 inline constexpr int kOutChains = 4;
 using XRing = pipeline::Ring<1, 0>;  // one x per token group in flight: its full and empty barriers
 
-inline __device__ int in_width(const Params& p) { return kHeadsPerKvHead * p.num_kv_heads * kHeadDim; }
-inline __device__ int w_blocks(const Params& p) { return in_width(p) / 64; }
+inline __device__ int w_blocks(const Params& p) { return o_proj_in_width(p.num_kv_heads) / 64; }
 // Fills of the weight ring for this CTA: every (share < kOutTiles, group, block).
 inline __device__ int w_fills(const Params& p) {
   int shares = 0;
@@ -65,8 +65,7 @@ inline __device__ void produce_x(const XRing& xr, uint32_t x_addr, const CUtenso
                                  const uint32_t* counters, int g, int fill) {
   const uint32_t rows = static_cast<uint32_t>(
       (group_tokens(p, g) / kVerifyLen) * p.num_kv_heads * attn2_impl::kRows);
-  while (ptx::ld_acquire_gpu(counters + Counters::kRowsDone + g) < rows) {
-  }
+  ptx::wait_at_least(counters + Counters::kRowsDone + g, rows);
   ptx::fence_proxy_async_global();  // rows written by other CTAs, read by TMA
   const pipeline::Position<1> at = pipeline::Position<1>::of(fill);
   xr.acquire(at);

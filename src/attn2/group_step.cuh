@@ -1,7 +1,8 @@
-// One 8-page group of keys through the online softmax of the mma.sync key
-// loop (mainloop_mma.cuh), and of attention_block's attention phase: S = Q K^T
-// with mma.sync m16n8k16, the masks of the group's keys past a row's position
-// or below its window, the state's max, sum and rescale, then O += P V.
+// One 8-page group of keys in the mma.sync key loop (mainloop_mma.cuh) and in
+// attention_block's attention phase: its copies into a stage (copy_group),
+// then its step through the online softmax (group_step): S = Q K^T with
+// mma.sync m16n8k16, the masks of the group's keys past a row's position or
+// below its window, the state's max, sum and rescale, then O += P V.
 //
 // The group sits in shared memory as 8 page slots kSlotBytes apart (one per
 // bank group, kSlotBytes = 4096 + 16); warps w and w + 4 (kh 0 and 1) own
@@ -17,6 +18,24 @@
 #include "softmax.cuh"
 
 namespace muse_decode::attn2_impl {
+
+// (Warp 0) the group's copies into fill `at` of the ring: lane l < 8 copies
+// the group's page l of one KV head (id: its page id) into page slot l where
+// the lane wants it (the page holds visible keys) and its id lies in the
+// cache; the stage's full barrier expects the copies' bytes. bad gathers the
+// wanted pages whose ids lie outside the cache (a contract break).
+template <typename Ring, typename Position>
+__device__ __forceinline__ void copy_group(const Ring& ring, Position at, int id, bool want, int num_pages,
+                                           const char* kv, int64_t page_pitch, uint64_t policy, int lane, bool& bad) {
+  const bool ok = want && id >= 0 && id < num_pages;
+  bad |= want && !ok;
+  const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
+  if (lane == 0) ring.arm(at, __popc(ok_mask) * kPageBytes);
+  __syncwarp();
+  if (ok)
+    ptx::bulk_copy_g2s(ring.stage_addr(at) + lane * kSlotBytes, kv + id * page_pitch, kPageBytes, ring.full_bar(at),
+                       policy);
+}
 
 // q_addr: this lane's ldmatrix row of the warp's m16k16 Q fragments; slot:
 // page slot lane % 8 of the group's stage; key0: the group's first key; pos:

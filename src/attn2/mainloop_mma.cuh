@@ -118,14 +118,7 @@ struct MainloopMma {
     const Position at = Position::of(j);
     const int id = ids.of(j, lane, [&](int b) { return load_batch(b); });
     const bool want = lane < kGroupPages && k.first_page + g.group(j) * kGroupPages + lane <= k.last_page;
-    const bool ok = want && id >= 0 && id < p.num_pages;
-    bad |= want && !ok;
-    const uint32_t ok_mask = __ballot_sync(0xFFFFFFFFu, ok);
-    if (lane == 0) ring.arm(at, __popc(ok_mask) * kPageBytes);
-    __syncwarp();
-    if (ok)
-      ptx::bulk_copy_g2s(ring.stage_addr(at) + lane * kSlotBytes, kv + id * page_pitch, kPageBytes, ring.full_bar(at),
-                         policy);
+    copy_group(ring, at, id, want, p.num_pages, kv, page_pitch, policy, lane, bad);
   }
 
   // The first ring (the kernel has waited for its predecessor already).

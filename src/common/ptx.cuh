@@ -176,6 +176,12 @@ __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* at) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
   return v;
 }
+// (One thread) polls until *at reaches target; its acquire orders the
+// thread's later reads after the writes released before the count.
+__device__ __forceinline__ void wait_at_least(const uint32_t* at, uint32_t target) {
+  while (ld_acquire_gpu(at) < target) {
+  }
+}
 
 // ---- shared memory, ldmatrix and mma.sync ----------------------------------
 
