@@ -226,9 +226,9 @@ attention_block_impl::WorkspaceLayout attention_block_impl::workspace_layout(int
   end = w.front + groups * w.front_group_bytes;
   w.qkv = align(end);
   end = w.qkv + T * N * 2;
-  // Per (request, KV head, slice): 64 rows of (m, l) and 64 floats of O.
+  // Per (request, KV head, slice): 64 rows of (m, l) and 64 floats of O, as attn2's partials.
   w.attn_part = align(end);
-  end = w.attn_part + int64_t{num_reqs} * num_kv_heads * num_splits * kRowsPerPair * (2 + kHeadDim) * 4;
+  end = w.attn_part + attn2_impl::partial_bytes(int64_t{num_reqs} * num_kv_heads * num_splits * kRowsPerPair);
   w.attn_out = align(end);
   end = w.attn_out + T * K * 2;
   w.total = end;
@@ -311,7 +311,6 @@ void prepare_attention_block(int device) {
     if (s.grid < 1)
       throw std::runtime_error(cat("prepare_attention_block: one CTA of the kernel per SM does not fit on ",
                                    describe_device(d), " (its cooperative launch needs every CTA resident)"));
-    s.grid = std::min(s.grid, attention_block_impl::kShares);
     return s;
   });
 }
