@@ -51,8 +51,8 @@ int attention_block_splits(int num_reqs, int num_kv_heads, int max_model_len, in
 // the attention's output rows, the partial sums and the counters (the most
 // that any request count from 1 to num_reqs lays out, so that one workspace
 // sized for a deployment's max_reqs serves every step). Zero it once when
-// allocating it; every launch leaves its counters at zero again, which is
-// all the next launch needs. Checks its arguments as a call would.
+// allocating it; every launch leaves it ready for the next (its counters
+// count by launch). Checks its arguments as a call would.
 int64_t attention_block_workspace_bytes(int num_reqs, int num_kv_heads, int max_model_len, int window);
 
 // ---------------------------------------------------------------------------

@@ -55,7 +55,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ws = static_cast<uint8_t*>(p.workspace);
-  uint32_t* counters = reinterpret_cast<uint32_t*>(ws + p.ws.counters);
+  uint32_t* const counter_part = reinterpret_cast<uint32_t*>(ws + p.ws.counters);
+  const uint32_t epoch = __ldcg(counter_part + Counters::kEpoch);
+  uint32_t* counters = counter_part + Counters::kSets + (epoch & 1) * Counters::kSetWords;
+  if (blockIdx.x == 0) {  // the next launch's set
+    uint32_t* next = counter_part + Counters::kSets + ((epoch + 1) & 1) * Counters::kSetWords;
+    for (int i = threadIdx.x; i < Counters::kSetWords; i += kThreads) next[i] = 0u;
+  }
   const uint32_t base = ptx::smem_addr(smem);
   const FrontRing front_ring{base, front_bars, front_bars + kFrontStages};
   const KeyRing key_ring{base + kKeyRingOffset, key_bars, key_bars + kKeyStages};
@@ -148,18 +154,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
       }
   }
 
-  // ---- the last CTA out leaves every counter at zero for the next launch ----
+  // ---- out: CTA 0 advances the epoch for the next launch ----
   __syncthreads();
   trace.mark(Phase::kExit);
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t before = atomicAdd(counters + Counters::kExit, 1u);
-    if (before == gridDim.x - 1) {
-      __threadfence();
-      for (int i = 0; i < Counters::kEnd; ++i) counters[i] = 0u;
-      __threadfence();
-    }
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) __stcg(counter_part + Counters::kEpoch, epoch + 1u);
 }
 
 // The tensor maps of a launch, from this thread's table (src/common/tensor_map.h).

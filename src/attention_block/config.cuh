@@ -95,15 +95,25 @@ static_assert(kSmemBytes + 6144 /* static: barriers, merge states */ <= detail::
 static_assert(kWRingBytes <= kFrontRingBytes, "o_proj's weight lands where the front's ring was");
 
 // ---- counters (uint32 words of the workspace's counter part) -------------------------
+// Word 0: the launches that have ended on this workspace (the epoch e), which
+// CTA 0 advances as it leaves; every CTA has read it by then, since CTA 0's
+// last phase waits on work of every CTA. Two sets of phase counters follow:
+// launch e counts in set e % 2 while its CTA 0 zeroes set (e + 1) % 2 for the
+// next launch (launch e - 1, the last to use it, has ended). So no CTA waits
+// at the end for the others to leave, and any grid may follow any other.
 struct Counters {
-  static constexpr int kExit = 0;                 // CTAs done; the last zeroes every counter
-  static constexpr int kHeadReady = 16;           // [group][kvh]: q, k and v heads written (8 + 2 each)
-  static constexpr int kGateReady = 64;           // [group][kvh]: gate heads written (8 each)
-  static constexpr int kSlicesDone = 128;         // [request * KVH + kvh]: slices' partials published
-  static constexpr int kRowsDone = 256;           // [group]: o_proj x rows written (64 per (request, KV head))
-  static constexpr int kEnd = 264;
+  static constexpr int kEpoch = kEpochWord;
+  static constexpr int kSets = kCounterSets;  // the two sets' first word
+  static constexpr int kSetWords = kCounterSetWords;
+  // Within a set:
+  static constexpr int kHeadReady = 0;    // [group][kvh]: q, k and v heads written (8 + 2 each)
+  static constexpr int kGateReady = 48;   // [group][kvh]: gate heads written (8 each)
+  static constexpr int kSlicesDone = 112; // [request * KVH + kvh]: slices' partials published
+  static constexpr int kRowsDone = 240;   // [group]: o_proj x rows written (64 per (request, KV head))
+  static constexpr int kEnd = 248;
 };
-static_assert(Counters::kEnd <= kCounterWords, "the counters fit in the workspace's counter part");
+static_assert(Counters::kEnd <= Counters::kSetWords, "a set holds every phase counter");
+static_assert(Counters::kSets + 2 * Counters::kSetWords <= kCounterWords, "both sets fit in the counter part");
 static_assert(kMaxReqs * 4 <= Counters::kRowsDone - Counters::kSlicesDone, "a slice counter per (request, KV head)");
 static_assert((kMaxReqs * kVerifyLen / kTokenGroup) * 4 <= Counters::kGateReady - Counters::kHeadReady,
               "a ready counter per (token group, KV head)");

@@ -23,13 +23,19 @@ inline constexpr int kMinSlicePages = 8;  // a key slice holds at least one 8-pa
 inline constexpr int kMaxReqs = 8;
 
 // The workspace, each part 256-byte aligned, in this order:
-//   counters     uint32 [kCounterWords]: the phases' arrivals, zeroed by the last CTA out
+//   counters     uint32 [kCounterWords]: the launch epoch and the phases' arrivals
 //   front        per token group: qkv_front's stream-K merge (its tile counters, then a 4 KB
 //                partial per (tile + share))
 //   qkv          bf16 [T, N]: the projection's rows (q | k | v | gate)
 //   attn_part    per (request, KV head, slice): 64 rows x (m, l, 64 floats of O)
 //   attn_out     bf16 [T, K]: the attention's output rows, o_proj's x
 inline constexpr int kCounterWords = 1024;
+// Within the counters: word kEpoch counts the launches that have ended on the
+// workspace; two sets of kCounterSetWords phase counters from word
+// kCounterSets, launch e counting in set e % 2 (config.cuh).
+inline constexpr int kEpochWord = 0;
+inline constexpr int kCounterSets = 16;
+inline constexpr int kCounterSetWords = 256;
 struct WorkspaceLayout {
   int64_t counters, front, front_group_bytes, qkv, attn_part, attn_out, total;
 };

@@ -472,9 +472,10 @@ struct Problem {
     return worst;
   }
 
-  // The block's workspace after a call: its counters all back at zero (the
-  // phases' arrivals, and each token group's tile counters of the front);
-  // returns the projection rows [T, n] it holds.
+  // The block's workspace after a call: the next launch's set of phase
+  // counters all zero (the epoch's parity picks it), and each token group's
+  // tile counters of the front back at zero; returns the projection rows
+  // [T, n] it holds.
   std::vector<uint16_t> check_workspace() const {
     const auto ws = d_ws->download();
     // The words of [offset, offset + 4 * count) left nonzero, and the first.
@@ -484,7 +485,10 @@ struct Problem {
       const int first = static_cast<int>(std::find_if(words, words + count, [](uint32_t v) { return v != 0; }) - words);
       EXPECT_EQ(set, 0) << what << ": " << set << " of " << count << " words left nonzero, the first " << first;
     };
-    left_set(layout.counters, impl::kCounterWords, "the counters");
+    const uint32_t epoch = *reinterpret_cast<const uint32_t*>(ws.data() + layout.counters + 4 * impl::kEpochWord);
+    EXPECT_GT(epoch, 0u) << "the epoch advances with each launch";
+    left_set(layout.counters + 4 * (impl::kCounterSets + (epoch & 1) * impl::kCounterSetWords),
+             impl::kCounterSetWords, "the next launch's counters");
     const int groups = (T + impl::kTokenGroup - 1) / impl::kTokenGroup;
     for (int g = 0; g < groups; ++g)
       left_set(layout.front + g * layout.front_group_bytes, n / 64,
