@@ -43,6 +43,9 @@ namespace muse_decode::attention_block_impl {
 using KeyRing = pipeline::Ring<kKeyStages, attn2_impl::kStageBytes, pipeline::Wait::kSpin>;
 inline constexpr int kPartialFloats = 2 + kHeadDim;  // per row: m, l, O
 inline constexpr int kMergeBatch = 8;                 // slices whose partial rows a merging warp loads at once
+// Groups of older keys past the stages that a slice moves into L2 before the
+// heads are ready (32 KB each: at most 17 MB over 132 slices, a third of L2).
+inline constexpr int kL2Groups = 4;
 
 // Waits (every thread) until counter `word` reaches `target`: thread 0 polls
 // with acquire loads, the CTA's barrier passes what it saw to the others.
@@ -122,6 +125,14 @@ struct SliceCopies {
     const int pi = sk.first_page_of(j) + lane % attn2_impl::kGroupPages;
     return (j < sk.groups && pi <= sk.k.last_page) ? bt[pi] : -1;
   }
+  // (Warp 0) group j's pages into L2, where the later copy of fill j finds them.
+  __device__ void prefetch_l2(int j) const {
+    const int pi = sk.first_page_of(j) + lane;
+    if (lane < attn2_impl::kGroupPages && pi <= sk.k.last_page) {
+      const int id = bt[pi];
+      if (id >= 0 && id < p.num_pages) ptx::bulk_prefetch_l2(kv + id * page_pitch, attn2_impl::kPageBytes);
+    }
+  }
   // Group j as fill j of the ring, whose stage is free.
   __device__ void issue(int j) {
     const pipeline::Position<kKeyStages> at = pipeline::Position<kKeyStages>::of(base + j);
@@ -139,17 +150,27 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
+// Before the wait for the heads, warp 0 copies the first groups of older keys
+// into the stages, moves up to kL2Groups more into L2, then calls early()
+// (which copies what else needs no heads: o_proj's weight), so that the keys
+// come first in the memory's queue.
+template <typename Early>
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
-                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace) {
+                             uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace,
+                             Early&& early) {
   using namespace attn2_impl;
   const SliceKeys sk = SliceKeys::of(p, s);
   const int prefetch = sk.groups < kKeyStages ? sk.groups : kKeyStages;
   SliceCopies copies(p, sk, ring, s, lane, fills);
   int issued = 0;
   if (warp == 0) {
+    ptx::fence_proxy_async_smem();  // the stages held the front's generic writes
     copies.start();
     // Groups of older keys only: before the front's heads are ready.
     while (issued < prefetch && sk.old(issued)) copies.issue(issued++);
+    const int l2_end = sk.groups < kKeyStages + kL2Groups ? sk.groups : kKeyStages + kL2Groups;
+    for (int j = kKeyStages; j < l2_end && sk.old(j); ++j) copies.prefetch_l2(j);
+    early();
   }
   if (threadIdx.x == 0) *s_bad = 0;
 

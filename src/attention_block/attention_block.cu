@@ -90,34 +90,40 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
     pipeline::Position<kFrontStages> at;
     uint8_t* front_ws = ws + p.ws.front;
     void* qkv = ws + p.ws.qkv;
-    for (int g = 0; g < num_groups(p); ++g, front_ws += p.ws.front_group_bytes) {
-      if (group_tokens(p, g) <= 8)
-        consume_front_group<1>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
-      else
-        consume_front_group<2>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
-    }
+    for (int pass = 0; pass < kFrontPasses; ++pass)
+      for (int g = 0; g < num_groups(p); ++g) {
+        uint8_t* group_ws = front_ws + g * p.ws.front_group_bytes;
+        if (group_tokens(p, g) <= 8)
+          consume_front_group<1>(front_ring, at, epi, &s_last, p, pass, g, qkv, group_ws, counters, warp, lane, trace);
+        else
+          consume_front_group<2>(front_ring, at, epi, &s_last, p, pass, g, qkv, group_ws, counters, warp, lane, trace);
+      }
   }
   __syncthreads();  // the front's ring and epilogue area are free
   trace.mark(Phase::kFrontDone);
 
   // o_proj's weight, the first fills of its ring: it depends on nothing, so
-  // it copies as the CTA's front ends. Its 16.8 MB then share the memory with
-  // the slowest CTAs' last front blocks (those end 2 us later for it, TP8);
-  // copied after the heads instead, they delay the keys and Q by as much.
+  // it copies as the CTA's front ends, right after the first slice's older
+  // keys (warp 0 lane 0; a CTA without a slice copies it here).
   const int w_total = w_fills(p);
   const int w_early = w_total < kWStages ? w_total : kWStages;
-  if (threadIdx.x == kCopyWarp * 32) {
-    ptx::fence_proxy_async_smem();
-    ptx::prefetch_tensor_map(&maps.o_w);
-    produce_weight(w_ring, &maps.o_w, p, 0, w_early);
-  }
+  bool w_copied = false;
+  const auto copy_weight = [&] {
+    if (!w_copied && lane == 0) {
+      ptx::fence_proxy_async_smem();
+      ptx::prefetch_tensor_map(&maps.o_w);
+      produce_weight(w_ring, &maps.o_w, p, 0, w_early);
+    }
+    w_copied = true;
+  };
 
   // ---- the attention: every share's slice, then every share's rows ----
   int key_fills = 0;
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
-    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane, trace);
+    if (s.valid) attend_slice(p, s, smem, key_ring, &s_bad, counters, key_fills, warp, lane, trace, copy_weight);
   }
+  if (warp == 0) copy_weight();
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
     const SliceOf s = SliceOf::of(p, share);
     if (s.valid) merge_rows(p, s, s_states, counters, warp, lane, trace);

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "../common/host_device.h"
+#include "../qkv_front/params.h"
 #include "muse_decode/constants.h"
 #include "muse_decode/tensor.h"
 
@@ -24,8 +26,8 @@ inline constexpr int kMaxReqs = 8;
 
 // The workspace, each part 256-byte aligned, in this order:
 //   counters     uint32 [kCounterWords]: the launch epoch and the phases' arrivals
-//   front        per token group: qkv_front's stream-K merge (its tile counters, then a 4 KB
-//                partial per (tile + share))
+//   front        per token group and front pass: qkv_front's stream-K merge (its tile counters,
+//                then a 4 KB partial per (tile + share))
 //   qkv          bf16 [T, N]: the projection's rows (q | k | v | gate)
 //   attn_part    per (request, KV head, slice): 64 rows x (m, l, 64 floats of O)
 //   attn_out     bf16 [T, K]: the attention's output rows, o_proj's x
@@ -36,6 +38,27 @@ inline constexpr int kCounterWords = 1024;
 inline constexpr int kEpochWord = 0;
 inline constexpr int kCounterSets = 16;
 inline constexpr int kCounterSetWords = 256;
+// The front streams in two passes over the shares, each split as qkv_front's
+// stream-K: the q, k and v heads first, then the gate heads, so that every
+// share's q, k and v blocks come before any gate block and the attention's
+// heads are merged under the gate heads' stream.
+MUSE_HOST_DEVICE int front_pass_tiles(int num_kv_heads, int pass) {
+  return (pass == 0 ? kHeadsPerKvHead + 2 : kHeadsPerKvHead) * num_kv_heads;
+}
+MUSE_HOST_DEVICE int front_pass_first_tile(int num_kv_heads, int pass) {
+  return pass == 0 ? 0 : (kHeadsPerKvHead + 2) * num_kv_heads;
+}
+// One pass's merge area: its tile counters (256-byte aligned), then a partial per (tile + share).
+MUSE_HOST_DEVICE int64_t front_pass_bytes(int tiles) {
+  return (int64_t{tiles} * 4 + 255) / 256 * 256 + (int64_t{tiles} + kShares) * qkv_front_impl::kFrontPartialBytes;
+}
+MUSE_HOST_DEVICE int64_t front_pass_offset(int num_kv_heads, int pass) {
+  return pass == 0 ? 0 : front_pass_bytes(front_pass_tiles(num_kv_heads, 0));
+}
+MUSE_HOST_DEVICE int64_t front_group_bytes(int num_kv_heads) {
+  return front_pass_offset(num_kv_heads, 1) + front_pass_bytes(front_pass_tiles(num_kv_heads, 1));
+}
+inline constexpr int kFrontPasses = 2;
 struct WorkspaceLayout {
   int64_t counters, front, front_group_bytes, qkv, attn_part, attn_out, total;
 };
