@@ -91,6 +91,8 @@ struct FrontMaps {
 inline __device__ void produce_front(const FrontRing& ring, const FrontMaps& maps, const Params& p) {
   ptx::prefetch_tensor_map(maps.w);
   ptx::prefetch_tensor_map(maps.x16);
+  // The weight is read once: it passes L2 before the keys moved there for later.
+  const uint64_t policy = ptx::evict_first_policy();
   pipeline::Position<kFrontStages> at;
   for (int pass = 0; pass < kFrontPasses; ++pass)
     for (int g = 0; g < num_groups(p); ++g) {
@@ -106,7 +108,7 @@ inline __device__ void produce_front(const FrontRing& ring, const FrontMaps& map
           ring.acquire(at);
           ring.arm(at, bytes);
           ptx::tma_load_2d(ring.stage_addr(at), maps.w, ring.full_bar(at), k_block * qkv_front_impl::kFrontBlockK,
-                           tile * qkv_front_impl::kFrontTileRows);
+                           tile * qkv_front_impl::kFrontTileRows, policy);
           ptx::tma_load_2d(ring.stage_addr(at) + qkv_front_impl::kWBytes, x_map, ring.full_bar(at),
                            k_block * qkv_front_impl::kFrontBlockK, g * kTokenGroup);
           at.advance();
