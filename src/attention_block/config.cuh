@@ -97,7 +97,6 @@ inline constexpr int kSmemBytes = swizzle::kAtomBytes /* alignment slack */ + (k
 static_assert(kSmemBytes + 6144 /* static: barriers, merge states */ <= detail::smem_budget_per_cta(1), "one CTA per SM");
 // The weight, the key stages and the Q tile overlap the front's ring and
 // epilogue area: a CTA copies into them once its front is done.
-static_assert(kWRingBytes <= kFrontRingBytes, "o_proj's weight lands where the front's ring was");
 
 // ---- counters (uint32 words of the workspace's counter part) -------------------------
 // Word 0: the launches that have ended on this workspace (the epoch e), which
