@@ -38,11 +38,17 @@ inline constexpr int kCounterWords = 1024;
 inline constexpr int kEpochWord = 0;
 inline constexpr int kCounterSets = 16;
 inline constexpr int kCounterSetWords = 256;
-// The front streams in two passes over the shares, each split as qkv_front's
-// stream-K: the q, k and v heads first, then the gate heads, so that every
-// share's q, k and v blocks come before any gate block and the attention's
-// heads are merged under the gate heads' stream.
+// The front streams in kFrontPasses passes over the shares, each split as
+// qkv_front's stream-K over its tiles: one pass over every head, or two, the
+// q, k and v heads first and then the gate heads, so that every share's q, k
+// and v blocks come before its gate blocks.
+#ifndef MUSE_BLOCK_FRONT_PASSES
+#define MUSE_BLOCK_FRONT_PASSES 1
+#endif
+inline constexpr int kFrontPasses = MUSE_BLOCK_FRONT_PASSES;
+static_assert(kFrontPasses == 1 || kFrontPasses == 2, "one pass, or q, k and v before the gates");
 MUSE_HOST_DEVICE int front_pass_tiles(int num_kv_heads, int pass) {
+  if (kFrontPasses == 1) return 2 * (kHeadsPerKvHead + 1) * num_kv_heads;
   return (pass == 0 ? kHeadsPerKvHead + 2 : kHeadsPerKvHead) * num_kv_heads;
 }
 MUSE_HOST_DEVICE int front_pass_first_tile(int num_kv_heads, int pass) {
@@ -56,9 +62,9 @@ MUSE_HOST_DEVICE int64_t front_pass_offset(int num_kv_heads, int pass) {
   return pass == 0 ? 0 : front_pass_bytes(front_pass_tiles(num_kv_heads, 0));
 }
 MUSE_HOST_DEVICE int64_t front_group_bytes(int num_kv_heads) {
-  return front_pass_offset(num_kv_heads, 1) + front_pass_bytes(front_pass_tiles(num_kv_heads, 1));
+  return front_pass_offset(num_kv_heads, kFrontPasses - 1) +
+         front_pass_bytes(front_pass_tiles(num_kv_heads, kFrontPasses - 1));
 }
-inline constexpr int kFrontPasses = 2;
 struct WorkspaceLayout {
   int64_t counters, front, front_group_bytes, qkv, attn_part, attn_out, total;
 };

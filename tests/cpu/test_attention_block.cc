@@ -184,34 +184,31 @@ TEST(AttentionBlockSizing, SizingChecksEveryArgument) {
 
 TEST(AttentionBlockSizing, WorkspaceLayout) {
   // TP8, one request, 66 slices: the counters (4 KB); one token group of the
-  // front in two passes (20 q, k and v tiles, then 16 gate tiles: each 256
-  // bytes of counters, then its tiles + 132 partials of 4 KB);
+  // front (36 tiles: 256 bytes of counters, then 36 + 132 partials of 4 KB);
   // the projection's 8 rows of 2304; 2 * 66 slices of 64 rows x 66 floats;
   // attention's 8 rows of 1024.
   const impl::WorkspaceLayout a = impl::workspace_layout(1, 2, 66);
   EXPECT_EQ(a.counters, 0);
   EXPECT_EQ(a.front, 4096);
-  EXPECT_EQ(a.front_group_bytes, 256 + (20 + 132) * 4096 + 256 + (16 + 132) * 4096);
-  EXPECT_EQ(a.qkv, 4096 + 1229312);
-  EXPECT_EQ(a.attn_part, 1233408 + 8 * 2304 * 2);
-  EXPECT_EQ(a.attn_out, 1270272 + 2 * 66 * 64 * 66 * 4);
-  EXPECT_EQ(a.total, 3500544 + 8 * 1024 * 2);
-  EXPECT_EQ(md::attention_block_workspace_bytes(1, 2, 32768, 0), 3516928);
-  // TP4, 8 requests, 4 slices: 4 token groups of 40 + 32 tiles.
+  EXPECT_EQ(a.front_group_bytes, 256 + (36 + 132) * 4096);
+  EXPECT_EQ(a.qkv, 4096 + 688384);
+  EXPECT_EQ(a.attn_part, 692480 + 8 * 2304 * 2);
+  EXPECT_EQ(a.attn_out, 729344 + 2 * 66 * 64 * 66 * 4);
+  EXPECT_EQ(a.total, 2959616 + 8 * 1024 * 2);
+  EXPECT_EQ(md::attention_block_workspace_bytes(1, 2, 32768, 0), 2976000);
+  // TP4, 8 requests, 4 slices: 4 token groups of 72 tiles (512 bytes of counters).
   const impl::WorkspaceLayout b = impl::workspace_layout(8, 4, 4);
-  EXPECT_EQ(b.front_group_bytes, 256 + (40 + 132) * 4096 + 256 + (32 + 132) * 4096);
-  EXPECT_EQ(b.qkv, 4096 + 4 * 1376768);
-  EXPECT_EQ(b.attn_part, 5511168 + 64 * 4608 * 2);
-  EXPECT_EQ(b.attn_out, 6100992 + 8 * 4 * 4 * 64 * 66 * 4);
-  EXPECT_EQ(b.total, 8263680 + 64 * 2048 * 2);
+  EXPECT_EQ(b.front_group_bytes, 512 + (72 + 132) * 4096);
+  EXPECT_EQ(b.qkv, 4096 + 4 * 836096);
+  EXPECT_EQ(b.attn_part, 3348480 + 64 * 4608 * 2);
+  EXPECT_EQ(b.attn_out, 3938304 + 8 * 4 * 4 * 64 * 66 * 4);
+  EXPECT_EQ(b.total, 6100992 + 64 * 2048 * 2);
 
   for (int kvh : {2, 4}) {
-    // A group's two merges, one per front pass, are each qkv_front's
-    // workspace for 132 CTAs over the pass's tiles (its partials at tile +
-    // share for share < 132), with one partial to spare: together 36 or 72
-    // tiles' partials, 264 more, and two counter blocks.
+    // A group's merge is qkv_front's workspace for 132 CTAs (its partials at
+    // tile + share for share < 132), with one partial to spare.
     EXPECT_EQ(impl::workspace_layout(1, kvh, 1).front_group_bytes,
-              2 * 256 + (md::qkv_width(kvh) / 64 + 2 * impl::kShares) * md::qkv_front_impl::kFrontPartialBytes);
+              md::qkv_front_workspace_bytes(kvh, impl::kShares) + md::qkv_front_impl::kFrontPartialBytes);
     for (int reqs = 1; reqs <= 8; ++reqs)
       for (int splits : {1, 2, 7, 16, 33, 66}) {
         const impl::WorkspaceLayout w = impl::workspace_layout(reqs, kvh, splits);
@@ -623,17 +620,17 @@ TEST(AttentionBlockChecks, UnsupportedCallReasons) {
        "workspace must be on a CUDA device, got host memory"},
       {"workspace device", [](Call& c) { c.workspace.device = 1; }, "workspace must be on cuda:0, got cuda:1"},
       {"workspace small", [](Call& c) { c.workspace = md::make_tensor(addr(0x40000000), DType::kUInt8, {3029247}); },
-       "workspace must be a contiguous 1-D buffer of at least 3570176 bytes (attention_block_workspace_bytes(2, 2, "
+       "workspace must be a contiguous 1-D buffer of at least 3029248 bytes (attention_block_workspace_bytes(2, 2, "
        "32768, 0)), got [3029247] of uint8, 3029247 bytes"},
       {"workspace small in floats",
        [](Call& c) { c.workspace = md::make_tensor(addr(0x40000000), DType::kFloat32, {1000}); },
-       "workspace must be a contiguous 1-D buffer of at least 3570176 bytes (attention_block_workspace_bytes(2, 2, "
+       "workspace must be a contiguous 1-D buffer of at least 3029248 bytes (attention_block_workspace_bytes(2, 2, "
        "32768, 0)), got [1000] of float32, 4000 bytes"},
       {"workspace 2-D", [](Call& c) { c.workspace = md::make_tensor(addr(0x40000000), DType::kUInt8, {4096, 4096}); },
-       "workspace must be a contiguous 1-D buffer of at least 3570176 bytes (attention_block_workspace_bytes(2, 2, "
+       "workspace must be a contiguous 1-D buffer of at least 3029248 bytes (attention_block_workspace_bytes(2, 2, "
        "32768, 0)), got [4096, 4096] of uint8, 16777216 bytes"},
       {"workspace strided", [](Call& c) { c.workspace.stride[0] = 2; },
-       "workspace must be a contiguous 1-D buffer of at least 3570176 bytes (attention_block_workspace_bytes(2, 2, "
+       "workspace must be a contiguous 1-D buffer of at least 3029248 bytes (attention_block_workspace_bytes(2, 2, "
        "32768, 0)), got [8388608] of uint8 with strides [2]"},
       {"workspace misaligned", [](Call& c) { c.workspace.data = addr(0x40000008); },
        "workspace must be 16-byte aligned, got address 0x40000008"},
@@ -710,7 +707,7 @@ TEST(AttentionBlockChecks, TheWorkspaceFollowsTheDeployment) {
   c.workspace = md::make_tensor(addr(0x40000000), DType::kUInt8, {sliding});
   EXPECT_EQ(c.why(), std::nullopt);
   c.window = 0;
-  EXPECT_EQ(c.why(), "workspace must be a contiguous 1-D buffer of at least 3570176 bytes "
+  EXPECT_EQ(c.why(), "workspace must be a contiguous 1-D buffer of at least 3029248 bytes "
                      "(attention_block_workspace_bytes(2, 2, 32768, 0)), got [" + std::to_string(sliding) +
                          "] of uint8, " + std::to_string(sliding) + " bytes");
   const int64_t eight = md::attention_block_workspace_bytes(8, 2, 32768, 0);
@@ -798,9 +795,9 @@ TEST(AttentionBlockDevice, TheBoundFormChecksItsTensorsThenPrepares) {
   b.c.workspace = TensorRef{};
   EXPECT_EQ(b(), "workspace is missing (null data)");
   b = Bind{};
-  b.c.workspace = md::make_tensor(addr(0x40000000), DType::kUInt8, {3516927}, kUnpreparedDevice);
-  EXPECT_EQ(b(), "workspace must be a contiguous 1-D buffer of at least 3516928 bytes "
-                 "(attention_block_workspace_bytes(1, 2, 32768, 0)), got [3516927] of uint8, 3516927 bytes");
+  b.c.workspace = md::make_tensor(addr(0x40000000), DType::kUInt8, {2975999}, kUnpreparedDevice);
+  EXPECT_EQ(b(), "workspace must be a contiguous 1-D buffer of at least 2976000 bytes "
+                 "(attention_block_workspace_bytes(1, 2, 32768, 0)), got [2975999] of uint8, 2975999 bytes");
   b = Bind{};
   b.c.cache.data = b.c.o_proj_weight.data;
   EXPECT_EQ(b(), "kv_cache and o_proj_weight must not overlap in memory");
