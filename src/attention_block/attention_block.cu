@@ -30,7 +30,7 @@
 #include "projection.cuh"
 
 #ifndef MUSE_BLOCK_KEYS_L2
-#define MUSE_BLOCK_KEYS_L2 1
+#define MUSE_BLOCK_KEYS_L2 0
 #endif
 #ifndef MUSE_BLOCK_W_L2
 #define MUSE_BLOCK_W_L2 0

@@ -49,7 +49,7 @@ static_assert(attn2_impl::kWarps == kWarps, "attn2's 8 warps: 4 row warps x 2 ke
 // token rows (qkv_front's stage, sized for 16).
 inline constexpr int kFrontStageBytes = qkv_front_impl::kWBytes + kTokenGroup * qkv_front_impl::kFrontBlockK * 2;
 #ifndef MUSE_BLOCK_FRONT_STAGES
-#define MUSE_BLOCK_FRONT_STAGES 20
+#define MUSE_BLOCK_FRONT_STAGES 12
 #endif
 inline constexpr int kFrontStages = MUSE_BLOCK_FRONT_STAGES;
 inline constexpr int kFrontRingBytes = kFrontStages * kFrontStageBytes;
