@@ -166,8 +166,9 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
 // Before the wait for the heads, warp 0 copies the first groups of older keys
-// into the stages (from L2, where prefetch_slice_keys moved them), then calls
-// early(), which copies what else needs no heads: o_proj's weight.
+// into the stages (from L2 where MUSE_BLOCK_KEYS_L2 has prefetch_slice_keys
+// move them first), then calls early(), which copies what else needs no
+// heads: o_proj's weight.
 template <typename Early>
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
                              uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace,

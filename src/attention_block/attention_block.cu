@@ -29,6 +29,10 @@
 #include "params.h"
 #include "projection.cuh"
 
+// Off: the L2 prefetches of the first slice's keys (warp 6) and of o_proj's
+// weight (warp 7) as the kernel starts; on, their bytes delay the front by
+// more than the later hits gain (H200, TP8, full 32k / 128k: +3.6 / +5.3 us
+// for the keys, +7 / +9 us with the weight too).
 #ifndef MUSE_BLOCK_KEYS_L2
 #define MUSE_BLOCK_KEYS_L2 0
 #endif

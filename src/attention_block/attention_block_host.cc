@@ -218,9 +218,9 @@ attention_block_impl::WorkspaceLayout attention_block_impl::workspace_layout(int
   WorkspaceLayout w{};
   w.counters = 0;
   int64_t end = int64_t{kCounterWords} * 4;
-  // Two qkv_front merges per token group, one per front pass (its
-  // WorkspaceMerge: the tile counters rounded to 256 bytes, then the 4 KB
-  // partial of tile + share).
+  // One qkv_front merge per token group and front pass (its WorkspaceMerge:
+  // the tile counters rounded to 256 bytes, then the 4 KB partial of tile +
+  // share).
   w.front = align(end);
   w.front_group_bytes = front_group_bytes(num_kv_heads);
   end = w.front + groups * w.front_group_bytes;

@@ -1,10 +1,10 @@
-// The block's front: qkv_front's stream-K loop over fixed shares, in two
-// passes (params.h): the q, k and v heads, then the gate heads. In each pass
-// share s takes blocks [s B / kShares, (s + 1) B / kShares) of the pass's B =
-// tiles x 128 blocks (tile-major, qkv_front's order of heads), so the K split
-// of every head, and with it the bits, does not depend on the grid. The
-// attention needs only the first pass: its heads are merged and counted
-// while the gate heads still stream, and only the merge waits for the gates.
+// The block's front: qkv_front's stream-K loop over fixed shares, in
+// kFrontPasses passes (params.h: one over every head; or two, the q, k and v
+// heads and then the gate heads, so that the attention's heads are merged
+// while the gate heads still stream). In each pass share s takes blocks
+// [s B / kShares, (s + 1) B / kShares) of the pass's B = tiles x 128 blocks
+// (tile-major, qkv_front's order of heads), so the K split of every head, and
+// with it the bits, does not depend on the grid.
 // qkv_front's parts do the work: its ring of (weight, x) stages, its
 // consumers' mma.sync, its workspace merge of a head split over shares (the
 // last share to arrive sums the partials in share order) and its epilogue
@@ -91,8 +91,7 @@ struct FrontMaps {
 inline __device__ void produce_front(const FrontRing& ring, const FrontMaps& maps, const Params& p) {
   ptx::prefetch_tensor_map(maps.w);
   ptx::prefetch_tensor_map(maps.x16);
-  // The weight is read once: it passes L2 before the keys moved there for later.
-  const uint64_t policy = ptx::evict_first_policy();
+  const uint64_t policy = ptx::evict_first_policy();  // the weight is read once
   pipeline::Position<kFrontStages> at;
   for (int pass = 0; pass < kFrontPasses; ++pass)
     for (int g = 0; g < num_groups(p); ++g) {
