@@ -43,12 +43,6 @@ namespace muse_decode::attention_block_impl {
 using KeyRing = pipeline::Ring<kKeyStages, attn2_impl::kStageBytes, pipeline::Wait::kSpin>;
 inline constexpr int kPartialFloats = 2 + kHeadDim;  // per row: m, l, O
 inline constexpr int kMergeBatch = 8;                 // slices whose partial rows a merging warp loads at once
-// Groups of older keys that the CTA's first slice moves into L2 as the kernel
-// starts (32 KB each: at most 25 MB over 132 slices).
-#ifndef MUSE_BLOCK_L2_GROUPS
-#define MUSE_BLOCK_L2_GROUPS 6
-#endif
-inline constexpr int kL2Groups = MUSE_BLOCK_L2_GROUPS;
 
 // Waits (every thread) until counter `word` reaches `target`: thread 0 polls
 // with acquire loads, the CTA's barrier passes what it saw to the others.
@@ -137,26 +131,6 @@ struct SliceCopies {
   }
 };
 
-// (One warp, as the kernel starts) the first kL2Groups groups of older keys
-// of the CTA's first slice into L2, kept there over the front's weight, so
-// that they stream under the front and the slice's copies after it hit L2.
-inline __device__ void prefetch_slice_keys(const Params& p, int lane) {
-  const SliceOf s = SliceOf::of(p, blockIdx.x);
-  if (!s.valid) return;
-  const SliceKeys sk = SliceKeys::of(p, s);
-  const int32_t* bt = p.block_table + int64_t{s.req} * p.block_table_stride;
-  const char* kv = static_cast<const char*>(p.kv_cache) + int64_t{s.kvh} * attn2_impl::kPageBytes;
-  const int64_t pitch = int64_t{p.num_kv_heads} * attn2_impl::kPageBytes;
-  const uint64_t policy = ptx::evict_last_policy();
-  const int groups = sk.groups < kL2Groups ? sk.groups : kL2Groups;
-  for (int i = lane; i < groups * attn2_impl::kGroupPages; i += 32) {
-    const int j = i / attn2_impl::kGroupPages, pi = sk.first_page_of(j) + i % attn2_impl::kGroupPages;
-    if (!sk.old(j) || pi > sk.k.last_page) continue;
-    const int id = bt[pi];
-    if (id >= 0 && id < p.num_pages) ptx::bulk_prefetch_l2(kv + id * pitch, attn2_impl::kPageBytes, policy);
-  }
-}
-
 // The slice's partial in the workspace: [64 rows][m, l, O[64]].
 inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
   return reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + p.ws.attn_part) +
@@ -166,9 +140,8 @@ inline __device__ float* slice_partial(const Params& p, int pair, int slice) {
 // One share's slice: keys to the partial. smem: the block's shared memory,
 // the CTA's front done; fills: the key ring's fills so far (this slice's added).
 // Before the wait for the heads, warp 0 copies the first groups of older keys
-// into the stages (from L2 where MUSE_BLOCK_KEYS_L2 has prefetch_slice_keys
-// move them first), then calls early(), which copies what else needs no
-// heads: o_proj's weight.
+// into the stages, then calls early(), which copies what else needs no heads
+// (o_proj's weight): the keys are needed first.
 template <typename Early>
 __device__ void attend_slice(const Params& p, const SliceOf& s, uint8_t* smem, const KeyRing& ring, int* s_bad,
                              uint32_t* counters, int& fills, int warp, int lane, trace::Recorder<Phase>& trace,

@@ -29,17 +29,6 @@
 #include "params.h"
 #include "projection.cuh"
 
-// Off: the L2 prefetches of the first slice's keys (warp 6) and of o_proj's
-// weight (warp 7) as the kernel starts; on, their bytes delay the front by
-// more than the later hits gain (H200, TP8, full 32k / 128k: +3.6 / +5.3 us
-// for the keys, +7 / +9 us with the weight too).
-#ifndef MUSE_BLOCK_KEYS_L2
-#define MUSE_BLOCK_KEYS_L2 0
-#endif
-#ifndef MUSE_BLOCK_W_L2
-#define MUSE_BLOCK_W_L2 0
-#endif
-
 namespace muse_decode::attention_block_impl {
 
 MUSE_DECODE_TRACE_RING(attention_block_trace)
@@ -97,22 +86,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_block_kernel(const __gr
     if (lane == 0) produce_front(front_ring, {&maps.qkv_w, &maps.x8, &maps.x16}, p);
   } else if (warp == kStagingWarp) {
     qkv_front_impl::stage_epilogue_inputs(front_params(p, 0, ws + p.ws.qkv, ws + p.ws.front), epi, lane);
-  } else if (warp == kPrefetchWarp) {
-    if (MUSE_BLOCK_KEYS_L2) prefetch_slice_keys(p, lane);
-  } else if (warp == kWPrefetchWarp) {
-    if (MUSE_BLOCK_W_L2 && lane == 0) prefetch_weight(p);
   } else if (warp < kMmaWarps) {
     pipeline::Position<kFrontStages> at;
     uint8_t* front_ws = ws + p.ws.front;
     void* qkv = ws + p.ws.qkv;
-    for (int pass = 0; pass < kFrontPasses; ++pass)
-      for (int g = 0; g < num_groups(p); ++g) {
-        uint8_t* group_ws = front_ws + g * p.ws.front_group_bytes;
-        if (group_tokens(p, g) <= 8)
-          consume_front_group<1>(front_ring, at, epi, &s_last, p, pass, g, qkv, group_ws, counters, warp, lane, trace);
-        else
-          consume_front_group<2>(front_ring, at, epi, &s_last, p, pass, g, qkv, group_ws, counters, warp, lane, trace);
-      }
+    for (int g = 0; g < num_groups(p); ++g, front_ws += p.ws.front_group_bytes) {
+      if (group_tokens(p, g) <= 8)
+        consume_front_group<1>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
+      else
+        consume_front_group<2>(front_ring, at, epi, &s_last, p, g, qkv, front_ws, counters, warp, lane, trace);
+    }
   }
   __syncthreads();  // the front's ring and epilogue area are free
   trace.mark(Phase::kFrontDone);

@@ -214,15 +214,15 @@ attention_block_impl::WorkspaceLayout attention_block_impl::workspace_layout(int
   const auto align = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t T = int64_t{num_reqs} * kVerifyLen;
   const int64_t N = qkv_width(num_kv_heads), K = o_proj_in_width(num_kv_heads);
+  const int64_t tiles = N / qkv_front_impl::kFrontTileRows;
   const int64_t groups = (T + kTokenGroup - 1) / kTokenGroup;
   WorkspaceLayout w{};
   w.counters = 0;
   int64_t end = int64_t{kCounterWords} * 4;
-  // One qkv_front merge per token group and front pass (its WorkspaceMerge:
-  // the tile counters rounded to 256 bytes, then the 4 KB partial of tile +
-  // share).
+  // One qkv_front merge per token group (its WorkspaceMerge: the tile
+  // counters rounded to 256 bytes, then the 4 KB partial of tile + share).
   w.front = align(end);
-  w.front_group_bytes = front_group_bytes(num_kv_heads);
+  w.front_group_bytes = align(tiles * 4) + (tiles + kShares) * qkv_front_impl::kFrontPartialBytes;
   end = w.front + groups * w.front_group_bytes;
   w.qkv = align(end);
   end = w.qkv + T * N * 2;

@@ -39,8 +39,6 @@ inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kMmaWarps = qkv_front_impl::kConsumerWarps;
 inline constexpr int kCopyWarp = kMmaWarps;
 inline constexpr int kStagingWarp = kMmaWarps + 1;  // the front's first token group's cos|sin rows and slots
-inline constexpr int kPrefetchWarp = kMmaWarps + 2;  // the front: the first slice's keys into L2
-inline constexpr int kWPrefetchWarp = kMmaWarps + 3; // the front: o_proj's weight into L2
 static_assert(kMmaWarps == 4 && qkv_front_impl::kConsumerThreads == 128, "qkv_front's 4 consumer warps");
 static_assert(attn2_impl::kWarps == kWarps, "attn2's 8 warps: 4 row warps x 2 key halves");
 
@@ -48,14 +46,11 @@ static_assert(attn2_impl::kWarps == kWarps, "attn2's 8 warps: 4 row warps x 2 ke
 // A stage: one 8 KB weight block and the matching 64 columns of x for 8 or 16
 // token rows (qkv_front's stage, sized for 16).
 inline constexpr int kFrontStageBytes = qkv_front_impl::kWBytes + kTokenGroup * qkv_front_impl::kFrontBlockK * 2;
-// 12 stages: 96 KB of weight in flight per SM, 12.7 MB over the GPU. A
-// deeper ring streams no faster; it only lengthens the queue that every
-// merge, count and poll waits in (H200, TP8: 20 stages ran 0.8-1.0 us slower
-// at each shape).
-#ifndef MUSE_BLOCK_FRONT_STAGES
-#define MUSE_BLOCK_FRONT_STAGES 12
-#endif
-inline constexpr int kFrontStages = MUSE_BLOCK_FRONT_STAGES;
+// 12 stages: 96 KB of weight in flight per SM, 12.7 MB over the GPU, about
+// three times what 4.2 TB/s needs at the memory's latency. Deeper rings only
+// lengthen the queues every merge, count and poll waits in (H200, TP8: 20
+// stages ran 1 us slower at each shape).
+inline constexpr int kFrontStages = 12;
 inline constexpr int kFrontRingBytes = kFrontStages * kFrontStageBytes;
 // qkv_front's epilogue tile, staged cos|sin rows and slots, after the ring.
 inline constexpr int kEpiYOffset = kFrontRingBytes;

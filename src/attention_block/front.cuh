@@ -1,10 +1,7 @@
-// The block's front: qkv_front's stream-K loop over fixed shares, in
-// kFrontPasses passes (params.h: one over every head; or two, the q, k and v
-// heads and then the gate heads, so that the attention's heads are merged
-// while the gate heads still stream). In each pass share s takes blocks
-// [s B / kShares, (s + 1) B / kShares) of the pass's B = tiles x 128 blocks
-// (tile-major, qkv_front's order of heads), so the K split of every head, and
-// with it the bits, does not depend on the grid.
+// The block's front: qkv_front's stream-K loop over fixed shares. Share s of
+// kShares takes weight blocks [s B / kShares, (s + 1) B / kShares) of the B =
+// tiles x 128 blocks (tile-major, qkv_front's order of heads), so the K
+// split of every head, and with it the bits, does not depend on the grid.
 // qkv_front's parts do the work: its ring of (weight, x) stages, its
 // consumers' mma.sync, its workspace merge of a head split over shares (the
 // last share to arrive sums the partials in share order) and its epilogue
@@ -12,7 +9,7 @@
 // epilogue the share counts it ready for its KV head.
 //
 // Rows go 16 at a time (token groups): each group streams the weight again
-// (1 or 2 requests: one group), every group's first pass before any second.
+// (1 or 2 requests: one group).
 #pragma once
 
 #include <cuda.h>
@@ -42,12 +39,15 @@ inline __device__ int group_tokens(const Params& p, int g) {
   const int left = num_tokens(p) - g * kTokenGroup;
   return left < kTokenGroup ? left : kTokenGroup;
 }
-// Share s's run of the blocks of front pass `pass`, as qkv_front's stream-K
-// work of a grid of kShares CTAs over the pass's tiles (numbered from the
-// pass's first, front_pass_first_tile).
-inline __device__ qkv_front_impl::StreamKWork front_work(const Params& p, int pass, int share) {
+// The projection's heads of 64 rows (qkv_front's tiles): 8 q and 8 gate
+// heads per KV head, and its k and v.
+inline __device__ int qkv_tiles(const Params& p) { return 2 * (kHeadsPerKvHead + 1) * p.num_kv_heads; }
+
+// Share s's run of the front's blocks, as qkv_front's stream-K work of a grid
+// of kShares CTAs.
+inline __device__ qkv_front_impl::StreamKWork front_work(const Params& p, int share) {
   qkv_front_impl::StreamKWork w;
-  w.tiles = front_pass_tiles(p.num_kv_heads, pass);
+  w.tiles = qkv_tiles(p);
   w.blocks = int64_t{w.tiles} * qkv_front_impl::kFrontBlocksPerTile;
   w.ctas = kShares;
   w.cta = share;
@@ -80,8 +80,8 @@ inline __device__ qkv_front_impl::Params front_params(const Params& p, int g, vo
   return f;
 }
 
-// The copying lane: every (pass, group, share, block) of this CTA's shares in
-// the consumers' order, into the ring. x's map for groups of 8 rows reads boxes
+// The copying lane: every (group, share, block) of this CTA's shares in the
+// consumers' order, into the ring. x's map for groups of 8 rows reads boxes
 // of 8 (the last group of an odd request count), for 16 boxes of 16.
 struct FrontMaps {
   const CUtensorMap* w;
@@ -93,27 +93,25 @@ inline __device__ void produce_front(const FrontRing& ring, const FrontMaps& map
   ptx::prefetch_tensor_map(maps.x16);
   const uint64_t policy = ptx::evict_first_policy();  // the weight is read once
   pipeline::Position<kFrontStages> at;
-  for (int pass = 0; pass < kFrontPasses; ++pass)
-    for (int g = 0; g < num_groups(p); ++g) {
-      const bool one_tile = group_tokens(p, g) <= 8;
-      const CUtensorMap* x_map = one_tile ? maps.x8 : maps.x16;
-      const uint32_t bytes = one_tile ? qkv_front_impl::kStageCopyBytes<1> : qkv_front_impl::kStageCopyBytes<2>;
-      const int tile0 = front_pass_first_tile(p.num_kv_heads, pass);
-      for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
-        const qkv_front_impl::StreamKWork work = front_work(p, pass, share);
-        for (int64_t b = work.begin; b < work.end; ++b) {
-          const int k_block = static_cast<int>(b % qkv_front_impl::kFrontBlocksPerTile);
-          const int tile = tile0 + static_cast<int>(b / qkv_front_impl::kFrontBlocksPerTile);
-          ring.acquire(at);
-          ring.arm(at, bytes);
-          ptx::tma_load_2d(ring.stage_addr(at), maps.w, ring.full_bar(at), k_block * qkv_front_impl::kFrontBlockK,
-                           tile * qkv_front_impl::kFrontTileRows, policy);
-          ptx::tma_load_2d(ring.stage_addr(at) + qkv_front_impl::kWBytes, x_map, ring.full_bar(at),
-                           k_block * qkv_front_impl::kFrontBlockK, g * kTokenGroup);
-          at.advance();
-        }
+  for (int g = 0; g < num_groups(p); ++g) {
+    const bool one_tile = group_tokens(p, g) <= 8;
+    const CUtensorMap* x_map = one_tile ? maps.x8 : maps.x16;
+    const uint32_t bytes = one_tile ? qkv_front_impl::kStageCopyBytes<1> : qkv_front_impl::kStageCopyBytes<2>;
+    for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
+      const qkv_front_impl::StreamKWork work = front_work(p, share);
+      for (int64_t b = work.begin; b < work.end; ++b) {
+        const int k_block = static_cast<int>(b % qkv_front_impl::kFrontBlocksPerTile);
+        const int tile = static_cast<int>(b / qkv_front_impl::kFrontBlocksPerTile);
+        ring.acquire(at);
+        ring.arm(at, bytes);
+        ptx::tma_load_2d(ring.stage_addr(at), maps.w, ring.full_bar(at), k_block * qkv_front_impl::kFrontBlockK,
+                         tile * qkv_front_impl::kFrontTileRows, policy);
+        ptx::tma_load_2d(ring.stage_addr(at) + qkv_front_impl::kWBytes, x_map, ring.full_bar(at),
+                         k_block * qkv_front_impl::kFrontBlockK, g * kTokenGroup);
+        at.advance();
       }
     }
+  }
 }
 
 // Counts head `tile` of token group g as written (thread 0 of the consumers,
@@ -132,23 +130,21 @@ inline __device__ void count_head(uint32_t* counters, const Params& p, int g, in
   ptx::red_release_gpu_add(counters + word, 1u);
 }
 
-// The consumer warps: every share's segments of front pass `pass` of token
-// group g with NT n-tiles, each head's sum merged over its shares and
-// finished by the last.
+// The consumer warps: every share's segments of token group g with NT
+// n-tiles, each head's sum merged over its shares and finished by the last.
 template <int NT>
 __device__ void consume_front_group(const FrontRing& ring, pipeline::Position<kFrontStages>& at,
-                                    const qkv_front_impl::EpilogueSmem& epi, int* s_last, const Params& p, int pass,
-                                    int g, void* qkv, uint8_t* front_ws, uint32_t* counters, int warp, int lane,
+                                    const qkv_front_impl::EpilogueSmem& epi, int* s_last, const Params& p, int g,
+                                    void* qkv, uint8_t* front_ws, uint32_t* counters, int warp, int lane,
                                     trace::Recorder<Phase>& trace) {
   using namespace qkv_front_impl;
   const Params& bp = p;
   const qkv_front_impl::Params fp = front_params(bp, g, qkv, front_ws);
-  // The first pass's cos|sin rows and slots of this group: group 0's from
-  // the staging warp (the first epilogue waits for them), a later group's
-  // from consumer warp 0 once the previous group's epilogues have read
-  // theirs. The gate heads read neither.
-  bool inputs_staged = pass > 0 || g > 0;
-  if (pass == 0 && g > 0) {
+  // This group's cos|sin rows and slots: group 0's from the staging warp
+  // (the first epilogue waits for them), a later group's from consumer warp
+  // 0 once the previous group's epilogues have read theirs.
+  bool inputs_staged = g > 0;
+  if (g > 0) {
     sync_consumers();
     if (warp == 0) {
       if (g == 1) ptx::mbar_wait(epi.staged, 0);  // the staging warp is done with group 0's
@@ -157,23 +153,21 @@ __device__ void consume_front_group(const FrontRing& ring, pipeline::Position<kF
     sync_consumers();
   }
   const FragRows rows = FragRows::of(warp, lane);
-  const int tile0 = front_pass_first_tile(bp.num_kv_heads, pass);
-  const WorkspaceMerge<NT> merge(front_ws + front_pass_offset(bp.num_kv_heads, pass),
-                                 front_pass_tiles(bp.num_kv_heads, pass));
+  const WorkspaceMerge<NT> merge(front_ws, qkv_tiles(bp));
   for (int share = blockIdx.x; share < kShares; share += gridDim.x) {
-    const StreamKWork work = front_work(bp, pass, share);
+    const StreamKWork work = front_work(bp, share);
     int64_t b = work.begin;
     while (b < work.end) {
       const Segment seg = Segment::at(b, work.end);
       Chains<NT, kStreamKChains> chains;
       zero_chains(chains);
       mma_blocks<Release::kAfterMma>(chains, ring, at, b, seg.end, rows, lane);
-      if (b == work.end && pass == kFrontPasses - 1) trace.mark(Phase::kFrontLoopDone);
+      if (b == work.end) trace.mark(Phase::kFrontLoopDone);
       float acc[NT][4];
       sum_chains(chains, acc);
       if (!seg.whole && !merge.sum_if_last(acc, work, seg, s_last, threadIdx.x)) continue;
-      head_epilogue<NT>(acc, epi, inputs_staged, tile0 + seg.tile, fp, warp, lane);
-      if (threadIdx.x == 0) count_head(counters, bp, g, tile0 + seg.tile);
+      head_epilogue<NT>(acc, epi, inputs_staged, seg.tile, fp, warp, lane);
+      if (threadIdx.x == 0) count_head(counters, bp, g, seg.tile);
     }
   }
 }

@@ -8,8 +8,6 @@
 
 #include <cstdint>
 
-#include "../common/host_device.h"
-#include "../qkv_front/params.h"
 #include "muse_decode/constants.h"
 #include "muse_decode/tensor.h"
 
@@ -26,8 +24,8 @@ inline constexpr int kMaxReqs = 8;
 
 // The workspace, each part 256-byte aligned, in this order:
 //   counters     uint32 [kCounterWords]: the launch epoch and the phases' arrivals
-//   front        per token group and front pass: qkv_front's stream-K merge (its tile counters,
-//                then a 4 KB partial per (tile + share))
+//   front        per token group: qkv_front's stream-K merge (its tile counters, then a 4 KB
+//                partial per (tile + share))
 //   qkv          bf16 [T, N]: the projection's rows (q | k | v | gate)
 //   attn_part    per (request, KV head, slice): 64 rows x (m, l, 64 floats of O)
 //   attn_out     bf16 [T, K]: the attention's output rows, o_proj's x
@@ -38,33 +36,6 @@ inline constexpr int kCounterWords = 1024;
 inline constexpr int kEpochWord = 0;
 inline constexpr int kCounterSets = 16;
 inline constexpr int kCounterSetWords = 256;
-// The front streams in kFrontPasses passes over the shares, each split as
-// qkv_front's stream-K over its tiles: one pass over every head, or two, the
-// q, k and v heads first and then the gate heads, so that every share's q, k
-// and v blocks come before its gate blocks.
-#ifndef MUSE_BLOCK_FRONT_PASSES
-#define MUSE_BLOCK_FRONT_PASSES 1
-#endif
-inline constexpr int kFrontPasses = MUSE_BLOCK_FRONT_PASSES;
-static_assert(kFrontPasses == 1 || kFrontPasses == 2, "one pass, or q, k and v before the gates");
-MUSE_HOST_DEVICE int front_pass_tiles(int num_kv_heads, int pass) {
-  if (kFrontPasses == 1) return 2 * (kHeadsPerKvHead + 1) * num_kv_heads;
-  return (pass == 0 ? kHeadsPerKvHead + 2 : kHeadsPerKvHead) * num_kv_heads;
-}
-MUSE_HOST_DEVICE int front_pass_first_tile(int num_kv_heads, int pass) {
-  return pass == 0 ? 0 : (kHeadsPerKvHead + 2) * num_kv_heads;
-}
-// One pass's merge area: its tile counters (256-byte aligned), then a partial per (tile + share).
-MUSE_HOST_DEVICE int64_t front_pass_bytes(int tiles) {
-  return (int64_t{tiles} * 4 + 255) / 256 * 256 + (int64_t{tiles} + kShares) * qkv_front_impl::kFrontPartialBytes;
-}
-MUSE_HOST_DEVICE int64_t front_pass_offset(int num_kv_heads, int pass) {
-  return pass == 0 ? 0 : front_pass_bytes(front_pass_tiles(num_kv_heads, 0));
-}
-MUSE_HOST_DEVICE int64_t front_group_bytes(int num_kv_heads) {
-  return front_pass_offset(num_kv_heads, kFrontPasses - 1) +
-         front_pass_bytes(front_pass_tiles(num_kv_heads, kFrontPasses - 1));
-}
 struct WorkspaceLayout {
   int64_t counters, front, front_group_bytes, qkv, attn_part, attn_out, total;
 };

@@ -59,16 +59,6 @@ inline __device__ void produce_weight(const WRing& ring, const CUtensorMap* map,
   }
 }
 
-// (One lane, as the kernel starts) the CTA's first o_proj tile's rows of the
-// weight (64 rows of K, contiguous) into L2.
-inline __device__ void prefetch_weight(const Params& p) {
-  if (blockIdx.x >= kOutTiles) return;
-  const int64_t row_bytes = int64_t{o_proj_in_width(p.num_kv_heads)} * 2;
-  const char* w = static_cast<const char*>(p.o_weight) + int64_t{blockIdx.x} * kOutTileCols * row_bytes;
-  const uint64_t policy = ptx::evict_last_policy();
-  for (int64_t off = 0; off < kOutTileCols * row_bytes; off += 16384) ptx::bulk_prefetch_l2(w + off, 16384, policy);
-}
-
 // (The copying lane) x of token group g into the x area, once its rows are
 // written: fill `fill` of the x ring.
 inline __device__ void produce_x(const XRing& xr, uint32_t x_addr, const CUtensorMap* map, const Params& p,

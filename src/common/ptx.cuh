@@ -132,22 +132,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
       : "memory");
 }
 
-// An L2 policy that keeps what it covers over other lines: for data moved
-// into L2 ahead of its one read.
-__device__ __forceinline__ uint64_t evict_last_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// cp.async.bulk.prefetch.L2 of `bytes` (a multiple of 16, 16-byte aligned)
-// with an L2 cache policy: the bytes move into L2 with nothing waiting on
-// them and no shared memory or register holding them.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes, uint64_t policy) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(src), "r"(bytes), "l"(policy)
-               : "memory");
-}
-
 // One box of a 2-D tensor map at (c0, c1).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
   asm volatile(

@@ -474,7 +474,7 @@ struct Problem {
 
   // The block's workspace after a call: the next launch's set of phase
   // counters all zero (the epoch's parity picks it), and each token group's
-  // tile counters of both front passes back at zero; returns the projection rows
+  // tile counters of the front back at zero; returns the projection rows
   // [T, n] it holds.
   std::vector<uint16_t> check_workspace() const {
     const auto ws = d_ws->download();
@@ -491,10 +491,8 @@ struct Problem {
              impl::kCounterSetWords, "the next launch's counters");
     const int groups = (T + impl::kTokenGroup - 1) / impl::kTokenGroup;
     for (int g = 0; g < groups; ++g)
-      for (int pass = 0; pass < impl::kFrontPasses; ++pass)
-        left_set(layout.front + g * layout.front_group_bytes + impl::front_pass_offset(kvh, pass),
-                 impl::front_pass_tiles(kvh, pass),
-                 ("token group " + std::to_string(g) + "'s tile counters of front pass " + std::to_string(pass)).c_str());
+      left_set(layout.front + g * layout.front_group_bytes, n / 64,
+               ("token group " + std::to_string(g) + "'s tile counters").c_str());
     std::vector<uint16_t> qkv(static_cast<size_t>(T) * n);
     std::memcpy(qkv.data(), ws.data() + layout.qkv, qkv.size() * 2);
     return qkv;
