@@ -29,18 +29,27 @@ namespace {
 // before the wait (TP8 T = 1 / 8 / 16: 4.34 / 5.12 / 5.26 us against 5.26 /
 // 5.40 / 5.62 without); from T = 17 the accumulators need those registers,
 // and 6 weight stages leave the x ring its 16.
+#ifndef MUSE_OPROJ_XC
+#define MUSE_OPROJ_XC 2
+#endif
+#ifndef MUSE_OPROJ_XC32
+#define MUSE_OPROJ_XC32 1
+#endif
 struct ShortKHeld {
   static constexpr int kRowTiles = 4, kCtasPerSm = 2, kWStages = 8, kMTilesPerWarp = 2, kHeldBlocks = 8;
+  static constexpr int kXCluster = MUSE_OPROJ_XC;
   static constexpr bool kWgmma = false;
 };
 struct ShortK {
   static constexpr int kRowTiles = 4, kCtasPerSm = 2, kWStages = 6, kMTilesPerWarp = 2, kHeldBlocks = 0;
+  static constexpr int kXCluster = MUSE_OPROJ_XC32;
   static constexpr bool kWgmma = false;
 };
 // At T = 33..64 the consumers' MMAs show: on sm_90a they take wgmma, one
 // m64n64k16 per k-step from the stages (TP8 T = 64 6.92 us against 7.48 with
 // mma.sync; at T = 17..32 mma.sync stays, 6.11 against 6.48).
 struct ShortKWgmma : ShortK {
+  static constexpr int kXCluster = 1;
   static constexpr bool kWgmma = true;
 };
 // Long K (2048 to 8192, TP4 to TP1: 32-128 blocks): one CTA per SM with 16
@@ -48,6 +57,7 @@ struct ShortKWgmma : ShortK {
 // only competes with it (TP1 T = 64 38.1 us against 44.6 with short K's).
 struct LongK {
   static constexpr int kRowTiles = 4, kCtasPerSm = 1, kWStages = 16, kMTilesPerWarp = 2, kHeldBlocks = 0;
+  static constexpr int kXCluster = 1;
   static constexpr bool kWgmma = false;
 };
 struct LongKWgmma : LongK {
