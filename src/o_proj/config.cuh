@@ -130,7 +130,7 @@ struct Config {
   static_assert(kWBytes % swizzle::kAtomBytes == 0 && kXBytes % swizzle::kAtomBytes == 0,
                 "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
-  static_assert(kXCluster == 1 || kXCluster == 2 || kXCluster == 4, "x shared by 1, 2 or 4 CTAs");
+  static_assert(kXCluster == 1 || kXCluster == 2 || kXCluster == 4 || kXCluster == 8, "x shared by 1, 2, 4 or 8 CTAs");
   static_assert(kXCluster == 1 || kXStages >= o_proj_in_width(2) / kBlockK,
                 "x multicast: a stage for each of short K's blocks (the dispatch sends K >= 2048 elsewhere)");
   static_assert(kCtas % kXCluster == 0, "the grid is whole clusters");

@@ -32,6 +32,9 @@ namespace {
 #ifndef MUSE_OPROJ_XC
 #define MUSE_OPROJ_XC 2
 #endif
+#ifndef MUSE_OPROJ_XSYNC
+#define MUSE_OPROJ_XSYNC 0
+#endif
 #ifndef MUSE_OPROJ_XC32
 #define MUSE_OPROJ_XC32 1
 #endif
