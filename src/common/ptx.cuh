@@ -282,9 +282,6 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// The wait of one thread whose warp's other lanes may wait elsewhere, or
-// not at all yet (not .aligned).
-__device__ __forceinline__ void cluster_wait_thread() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
 
 // The shared::cluster address of this CTA's shared address `addr` in CTA `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {

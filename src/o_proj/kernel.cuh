@@ -46,24 +46,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-#if MUSE_OPROJ_XSYNC
+  // A cluster's CTAs copy into each other's x stages: every CTA's barriers
+  // are initialised before any CTA's first copy of x.
   if constexpr (Cfg::kXCluster > 1) {
     ptx::cluster_arrive_relaxed();
     ptx::cluster_wait();
   }
-#else
-  // A cluster's CTAs copy into each other's x stages, so every CTA's barriers
-  // must be initialised before any CTA's first copy of x: each thread
-  // arrives here, and only x's producer waits before its copies; the other
-  // threads wait as they finish, long after every CTA has arrived, so the
-  // weight's stream and the consumers never stall on the cluster.
-  if constexpr (Cfg::kXCluster > 1) ptx::cluster_arrive_relaxed();
-#endif
-  const auto cluster_done = [] {
-#if !MUSE_OPROJ_XSYNC
-    if constexpr (Cfg::kXCluster > 1) ptx::cluster_wait_thread();
-#endif
-  };
   // The next kernel may start as soon as every CTA is here: its own
   // griddepcontrol.wait still waits for all of this grid.
   ptx::griddep_launch_dependents();
@@ -71,12 +59,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
 
   if (warp == kProducerWarp) {
     if (lane == 0) produce_w<Cfg>(rings, &w_map, row0, blocks);
-    cluster_done();
     return;
   }
   if (warp == kXProducerWarp) {
-    if (lane == 0) produce_x<Cfg>(rings, &x_map, blocks);  // waits on the cluster itself
-    else cluster_done();
+    if (lane == 0) produce_x<Cfg>(rings, &x_map, blocks);
     return;
   }
   WarpSums<Cfg> acc;
@@ -85,7 +71,6 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
   else
     mma_blocks<Cfg>(rings, blocks, Lane::of<Cfg>(warp, lane), lane, acc, trace);
   store_tile<Cfg>(acc, smem, row0, p, warp, lane);
-  cluster_done();
   trace.mark(Phase::kExit);
 }
 

@@ -90,9 +90,6 @@ __device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap
   } else {
     constexpr uint16_t kAll = (1u << Cfg::kXCluster) - 1;
     const int rank = static_cast<int>(ptx::cluster_ctarank());
-#if !MUSE_OPROJ_XSYNC
-    ptx::cluster_wait_thread();  // every CTA of the cluster has its barriers initialised
-#endif
     for (int b = 0; b < blocks; ++b) {
       const auto at = pipeline::Position<Cfg::kXStages>::first(b);
       r.x.arm(at, Cfg::kXBytes);
