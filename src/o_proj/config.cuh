@@ -66,6 +66,10 @@ static_assert(n_tiles_for(kOProjMaxTokens) * 8 == kOProjMaxTokens, "64 tokens: 8
 //                   warpgroup (wgmma m64nNk16, both operands read from the stages, N = NT * 8 token
 //                   rows); warp w then holds the sums of m-tile w, so the compiled configuration has
 //                   one m-tile per warp and no k-groups. Elsewhere kMTilesPerWarp holds.
+//   kXCluster       CTAs per cluster that share x's boxes (1: none): rank r copies every block b
+//                   with b % kXCluster == r once, multicast into all of them, so the L2 serves each
+//                   of x's lines to 128 / kXCluster CTAs, not 128. Every block of x then needs its
+//                   own stage (a fill per launch, no stage to free across CTAs).
 // The x ring takes what the budget leaves, up to kMaxXStages.
 template <typename Tuning, int NT_>
 struct Config {
@@ -76,6 +80,7 @@ struct Config {
   static constexpr bool kWgmma = Tuning::kWgmma && arch::kHasWgmma;  // in this compilation: sm_90a
   static constexpr int kMTilesPerWarp = kWgmma ? 1 : Tuning::kMTilesPerWarp;
   static constexpr int kHeldBlocks = Tuning::kHeldBlocks;
+  static constexpr int kXCluster = Tuning::kXCluster;
 
   static constexpr int kRows = 16 * kRowTiles;                     // output columns per CTA
   static constexpr int kCtas = kOProjOutWidth / kRows;             // the grid, whatever K and T
@@ -125,6 +130,10 @@ struct Config {
   static_assert(kWBytes % swizzle::kAtomBytes == 0 && kXBytes % swizzle::kAtomBytes == 0,
                 "128-byte swizzled boxes start on 1024 bytes");
   static_assert(kXStages >= 2, "the budget leaves at least two x stages (x streams while the weight sits)");
+  static_assert(kXCluster == 1 || kXCluster == 2 || kXCluster == 4 || kXCluster == 8, "x shared by 1, 2, 4 or 8 CTAs");
+  static_assert(kXCluster == 1 || kXStages >= o_proj_in_width(2) / kBlockK,
+                "x multicast: a stage for each of short K's blocks (the dispatch sends K >= 2048 elsewhere)");
+  static_assert(kCtas % kXCluster == 0, "the grid is whole clusters");
   static_assert(kSmemBytes <= kBudget, "the layout fits kCtasPerSm CTAs per SM");
   static_assert(kOutTileOffset + kOutTileBytes <= kBarrierOffset,
                 "the partial sums and the output tile fit in the drained rings");

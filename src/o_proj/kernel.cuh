@@ -46,6 +46,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm)
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
+  // A cluster's CTAs copy into each other's x stages: every CTA's barriers
+  // are initialised before any CTA's first copy of x.
+  if constexpr (Cfg::kXCluster > 1) {
+    ptx::cluster_arrive_relaxed();
+    ptx::cluster_wait();
+  }
   // The next kernel may start as soon as every CTA is here: its own
   // griddepcontrol.wait still waits for all of this grid.
   ptx::griddep_launch_dependents();
@@ -83,8 +89,8 @@ cudaError_t launch_config(const Params& p, cudaStream_t stream) {
   if (!tma::cached<MapSite, 8>(&w_map, tma::bf16_rows(p.weight, kOProjOutWidth, p.in_width, p.in_width, Cfg::kRows)) ||
       !tma::cached<MapSite, 8>(&x_map, tma::bf16_rows(p.x, p.num_tokens, p.in_width, p.x_stride, Cfg::kTokens)))
     return cudaErrorInvalidValue;
-  const detail::LaunchShape shape{dim3(Cfg::kCtas), dim3(kThreads), static_cast<unsigned>(Cfg::kSmemBytes), 0,
-                                  p.pdl};
+  const detail::LaunchShape shape{dim3(Cfg::kCtas), dim3(kThreads), static_cast<unsigned>(Cfg::kSmemBytes),
+                                  Cfg::kXCluster > 1 ? Cfg::kXCluster : 0, p.pdl};
   return static_cast<cudaError_t>(detail::launch_kernel<o_proj_kernel<Cfg>>(shape, stream, w_map, x_map, p));
 }
 

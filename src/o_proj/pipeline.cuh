@@ -76,11 +76,27 @@ __device__ __forceinline__ void produce_w(const Rings<Cfg>& r, const CUtensorMap
 // x's (lane 0 of kXProducerWarp): griddepcontrol.wait (x is the previous
 // kernel's output), then x's blocks (all NT * 8 token rows from row 0) the
 // same way.
+// Over a cluster (kXCluster > 1) every CTA arms each block's stage for its
+// bytes, and rank r copies the blocks b with b % kXCluster == r into the
+// whole cluster; a peer's bytes may land before this CTA arms the stage
+// (the barrier's byte count then runs below zero until the arming, and its
+// phase cannot complete without that arrival).
 template <typename Cfg>
 __device__ __forceinline__ void produce_x(const Rings<Cfg>& r, const CUtensorMap* x_map, int blocks) {
   ptx::prefetch_tensor_map(x_map);
   ptx::griddep_wait();
-  stream_blocks(r.x, x_map, 0, blocks);
+  if constexpr (Cfg::kXCluster == 1) {
+    stream_blocks(r.x, x_map, 0, blocks);
+  } else {
+    constexpr uint16_t kAll = (1u << Cfg::kXCluster) - 1;
+    const int rank = static_cast<int>(ptx::cluster_ctarank());
+    for (int b = 0; b < blocks; ++b) {
+      const auto at = pipeline::Position<Cfg::kXStages>::first(b);
+      r.x.arm(at, Cfg::kXBytes);
+      if (b % Cfg::kXCluster == rank)
+        ptx::tma_load_2d_multicast(r.x.stage_addr(at), x_map, r.x.full_bar(at), b * kBlockK, 0, kAll);
+    }
+  }
 }
 
 }  // namespace muse_decode::o_proj_impl
