@@ -17,7 +17,9 @@
 #                                   # (scripts/trace_block.sh)
 #
 # The whole log also goes to $BUILD/gpu_check.log. With two or
-# more GPUs it also runs the layer at TP2 over NCCL against TP1. FlashInfer,
+# more GPUs it also runs the layer over NCCL at every TP size the GPUs allow
+# against TP1 (tests/python/tp_layer_check.py; on one GPU the same check runs
+# its ranks over gloo: --backend gloo --path fused --tp 8). FlashInfer,
 # the attention anchor, is used when it imports; its wheels in .whl/
 # (flashinfer-python 0.5.3 and apache-tvm-ffi) are installed to a temporary
 # folder first.
@@ -127,9 +129,9 @@ for exe in "$BUILD"/bench_*; do
 done
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ -z "$ONLY" ] && [ "${gpus:-0}" -ge 2 ]; then
-  step "the layer at TP2 over NCCL against TP1 ($gpus GPUs)"
+  step "the layer at every TP size the $gpus GPUs allow (2, 4, 8) over NCCL against TP1, each rank's step timed"
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    $PY tests/python/tp_layer_check.py --backend nccl --path fused || status=1
+    $PY tests/python/tp_layer_check.py --backend nccl --path fused --time || status=1
 fi
 if [ -z "$ONLY" ]; then
   step "main job (muse-decode, default deployment)"
