@@ -142,14 +142,15 @@ int main(int argc, char** argv) {
                                         x, CUDA_R_16BF, K, &zero, out, CUDA_R_16BF, kOut, CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
     };
+    constexpr int kTokenCounts[] = {1, 4, 8, 16, 32, 64};
     // One eager call of each before any capture (kernel selection, tensor maps).
-    for (int T : {1, 4, 8, 16, 32, 64}) {
+    for (const int T : kTokenCounts) {
       call(T, 0, 0);
       gemm(T, 0);
     }
     CUDA_CHECK_OR_EXIT(cudaStreamSynchronize(stream));
 
-    for (const int T : {1, 4, 8, 16, 32, 64}) {
+    for (const int T : kTokenCounts) {
       if (quick && T != 8 && T != 64) continue;
       const GraphTiming cb = time_calls(stream, calls, [&](int i) { gemm(T, i); });
       for (const int pdl : {1, 0}) {

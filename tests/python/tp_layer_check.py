@@ -16,7 +16,7 @@ the three ops elsewhere.
 
 With --time each rank also times its step (its own kernels, without the
 all-reduce) by CUDA-graph replay over layers whose weights and caches exceed
-the L2, with attention_block and with the three ops, beside TP1 on the same
+the L2 (bench/harness.py's Timer), with attention_block and with the three ops, beside TP1 on the same
 GPU; the ranks take turns, so ranks sharing a GPU do not overlap.
 
 Keep NVLink multicast off on shared machines: NCCL_NVLS_ENABLE=0,
@@ -25,8 +25,8 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 (set here)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import sys
 from types import SimpleNamespace
 
@@ -40,6 +40,9 @@ import torch.multiprocessing as mp  # noqa: E402
 import muse_decode as md  # noqa: E402
 from muse_decode import layer as L  # noqa: E402
 from muse_decode import stock  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from harness import Timer  # noqa: E402  (the benchmarks' CUDA-graph timing)
 
 MAX_LEN, PAGES, LENS, LAYER = 4096, 160, [1500], 0
 TP_SIZES = (2, 4, 8)
@@ -91,28 +94,11 @@ def compare(one, many, rank):
     return err
 
 
-def step_us(steps, plan, rounds=8, replays=7):
-    """us per step of one rank (its kernels, no all-reduce): a CUDA graph of
-    `rounds` passes over `steps` (one per layer), median of `replays`."""
-    for s in steps:
-        s.layer(*s.args, plan)  # binds the ops outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(rounds):
-            for s in steps:
-                s.layer(*s.args, plan)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / (rounds * len(steps)))
-    return statistics.median(times)
+def step_us(timer, steps, plan, rounds=8):
+    """us per step of one rank (its kernels, no all-reduce): `rounds` passes
+    over `steps` (one per layer) in one CUDA graph, timed as the benchmarks
+    time (bench/harness.py: the L2 emptied before each replay, median of 7)."""
+    return timer.graph_us([functools.partial(s.layer, *s.args, plan) for _ in range(rounds) for s in steps])
 
 
 def timed_steps(rank, world, device):
@@ -125,9 +111,10 @@ def rank_times(mine, ones):
     """This rank's step with attention_block (where it serves) and with the
     three ops, and TP1's on the same GPU, us."""
     three = L.Plan(True, True, True, True)
-    t = {"three_ops": step_us(mine, three), "tp1": step_us(ones, three)}
+    timer = Timer()
+    t = {"three_ops": step_us(timer, mine, three), "tp1": step_us(timer, ones, three)}
     if mine[0].plan.block:
-        t["block"] = step_us(mine, mine[0].plan)
+        t["block"] = step_us(timer, mine, mine[0].plan)
     return t
 
 
